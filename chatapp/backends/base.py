@@ -1,0 +1,83 @@
+"""The protocol every model backend (llama.cpp, transformers, fake) implements.
+
+A backend wraps one loaded model and its KV cache. It knows its library; it knows nothing of
+speculation. The engine drives two of them (draft and target) through this protocol only.
+
+KV-cache contract: ``cached_tokens`` is exactly the token sequence whose keys/values are in the
+cache, in order. ``evaluate(tokens, n_logits)`` appends ``tokens`` to the cache and returns the
+logits (float32, shape (n_logits, vocab_size)) predicted after each of the last ``n_logits`` of
+them (row j is the distribution of the token that follows ``tokens[len(tokens) - n_logits + j]``).
+``truncate(n)`` drops every cached position >= n. Evaluating after a truncate must give the same
+logits as a fresh evaluation of the same sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+class BackendError(RuntimeError):
+    """A model could not be loaded or run; the message says what to do about it."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    @property
+    def name(self) -> str:
+        """Short human-readable model name, for the UI and error messages."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids; logits rows have this length."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """Maximum number of positions the KV cache can hold."""
+        ...
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Token ids that end the assistant's turn (EOS, end-of-turn)."""
+        ...
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        ...
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Token ids of ``text``; no BOS is added. ``special`` parses control tokens in the text."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes a token stands for (may be part of a UTF-8 character)."""
+        ...
+
+    def vocab_fingerprint(self) -> str:
+        """A digest of the full token list; equal fingerprints mean the same vocabulary."""
+        ...
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Apply the model's chat template (with the assistant generation prompt) and tokenize."""
+        ...
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        ...
+
+    def truncate(self, n: int) -> None:
+        ...
+
+    def close(self) -> None:
+        """Release the model and its memory. Safe to call twice."""
+        ...

@@ -1,0 +1,107 @@
+"""A deterministic, fast, weight-free backend for tests and UI development.
+
+The "model" is a fixed random table indexed by the last two tokens of the context: the same
+context always gives the same logits. A draft is made with the same ``seed`` and a ``noise`` > 0,
+which perturbs the table so that some drafts are rejected. Tokens 29 and 30 are the two halves of
+"é" to exercise UTF-8-safe streaming. ``delay_s`` sleeps in every ``evaluate`` to mimic real work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from chatapp.backends.base import ChatMessage
+
+STOP_ID = 0
+_PIECES: list[bytes] = (
+    [b""]
+    + [bytes([c]) for c in range(ord("a"), ord("z") + 1)]
+    + [b" ", b"\n", b"\xc3", b"\xa9"]
+    + [w.encode() for w in ("the ", "spec", "ulative ", "draft ", "target ", "token ", "is ",
+                            "and ", ". ", "You", "user", "assistant", ": ", "?", "!", "K")]
+)
+
+
+class FakeBackend:
+    def __init__(self, seed: int = 0, noise: float = 0.0, n_ctx: int = 4096, sharpness: float = 2.5,
+                 delay_s: float = 0.0, name: str = "fake", vocab_size: int | None = None) -> None:
+        self._name = name
+        self._vocab_size = vocab_size or len(_PIECES)
+        self._n_ctx = n_ctx
+        self.delay_s = delay_s
+        table_rng = np.random.default_rng(seed)
+        self._table = table_rng.normal(size=(997, self._vocab_size)) * sharpness
+        if noise:
+            self._table += np.random.default_rng(seed + 1).normal(size=self._table.shape) * noise
+        self._table[:, STOP_ID] -= 3.0  # replies are not over at once
+        self._cache: list[int] = []
+        self.evaluate_calls: list[int] = []  # number of tokens fed per call, for tests
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset({STOP_ID})
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return tuple(self._cache)
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        data, ids = text.encode(), []
+        while data:
+            token = max((i for i in range(1, len(_PIECES)) if data.startswith(_PIECES[i])),
+                        key=lambda i: len(_PIECES[i]), default=None)
+            if token is None:
+                data = data[1:]  # bytes the toy vocabulary cannot spell are dropped
+                continue
+            ids.append(token)
+            data = data[len(_PIECES[token]):]
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        return _PIECES[token] if token < len(_PIECES) else b"?"
+
+    def vocab_fingerprint(self) -> str:
+        pieces = [self.token_bytes(i) for i in range(self._vocab_size)]
+        return hashlib.sha256(b"\0".join(pieces)).hexdigest()
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
+        return self.tokenize(text)
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        if len(self._cache) + len(tokens) > self._n_ctx:
+            raise RuntimeError("fake context overflow")
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.evaluate_calls.append(len(tokens))
+        self._cache.extend(tokens)
+        end = len(self._cache)
+        rows = [self._logits_after(self._cache[: end - n_logits + j + 1]) for j in range(n_logits)]
+        return np.array(rows, dtype=np.float32).reshape(n_logits, self._vocab_size)
+
+    def truncate(self, n: int) -> None:
+        del self._cache[n:]
+
+    def close(self) -> None:
+        self._cache.clear()
+
+    def _logits_after(self, context: Sequence[int]) -> np.ndarray:
+        a = context[-2] if len(context) >= 2 else 0
+        b = context[-1] if context else 0
+        return self._table[(a * 131 + b * 7 + len(context) % 3) % len(self._table)]

@@ -1,0 +1,202 @@
+"""The speculative decoding engine: prompt token ids in, an event stream out.
+
+``SpeculativeEngine.generate`` yields one ``TokenEvent`` per emitted token, a ``StepEvent`` after
+every target forward, and a final ``DoneEvent``. Each step: read K from the draft policy, let the
+drafter propose up to K tokens, evaluate them with the target in one forward (logits for the K+1
+positions only), accept or replace them with ``speculative.verify``. K = 0 is plain target decoding
+through the same stream (source ``target``).
+
+Between turns the backends' KV caches are kept; the next turn evaluates only what differs from
+what is cached. The engine knows token ids and probabilities, never a library or a widget.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chatapp.backends.base import Backend, BackendError
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength
+from chatapp.drafting import Drafter, ModelDrafter, Proposal, evaluate_sequence
+from chatapp.events import DoneEvent, Event, FinishReason, StepEvent, TokenEvent, TokenSource
+from chatapp.sampling import SamplingParams, probabilities
+from chatapp.speculative import verify
+from chatapp.stats import StatsRecorder
+
+
+class IncompatibleModelsError(BackendError):
+    """Draft and target do not share a vocabulary."""
+
+
+class ContextOverflowError(BackendError):
+    """The prompt does not fit in the context window."""
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    sampling: SamplingParams = SamplingParams()
+    max_tokens: int = 512
+
+
+class TextStream:
+    """Turns token bytes into text without ever splitting a UTF-8 character.
+
+    Invalid byte sequences become U+FFFD instead of raising.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, data: bytes) -> str:
+        return self._decoder.decode(data)
+
+
+def check_compatible(draft: Backend, target: Backend) -> None:
+    """Raise ``IncompatibleModelsError`` unless both models have the same token list."""
+    if draft.vocab_size != target.vocab_size or (
+            draft.vocab_fingerprint() != target.vocab_fingerprint()):
+        raise IncompatibleModelsError(
+            f"The draft model '{draft.name}' (vocabulary {draft.vocab_size}) and the target model "
+            f"'{target.name}' (vocabulary {target.vocab_size}) do not share a vocabulary, so the "
+            "draft's tokens cannot be verified. Pick a draft from the same model family "
+            "(see `specchat models`), or run without a draft (-k 0)."
+        )
+
+
+class SpeculativeEngine:
+    """Drives a target backend and an optional drafter. Not thread-safe: one turn at a time."""
+
+    def __init__(self, target: Backend, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+
+    @classmethod
+    def from_backends(cls, target: Backend, draft: Backend | None) -> "SpeculativeEngine":
+        if draft is None:
+            return cls(target)
+        check_compatible(draft, target)
+        return cls(target, ModelDrafter(draft))
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        settings: GenerationSettings,
+        rng: np.random.Generator,
+        policy: DraftPolicy | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream the reply to ``prompt`` (token ids, chat template already applied)."""
+        policy = policy or FixedDraftLength(0)
+        cancel = cancel or threading.Event()
+        if len(prompt) + 1 > self.target.n_ctx:
+            raise ContextOverflowError(
+                f"The prompt is {len(prompt)} tokens but the context window holds "
+                f"{self.target.n_ctx}. Shorten the message or raise n_ctx (--n-ctx)."
+            )
+        turn = _Turn(self, list(prompt), settings, rng, policy, cancel)
+        yield from turn.run()
+
+
+class _Turn:
+    """The state of one reply; ``run`` is the step loop."""
+
+    def __init__(self, engine: SpeculativeEngine, tokens: list[int], settings: GenerationSettings,
+                 rng: np.random.Generator, policy: DraftPolicy, cancel: threading.Event) -> None:
+        self.target = engine.target
+        self.drafter = engine.drafter
+        self.tokens = tokens
+        self.settings = settings
+        self.rng = rng
+        self.policy = policy
+        self.cancel = cancel
+        self.stats = StatsRecorder(prompt_tokens=len(tokens))
+        self.text = TextStream()
+        self.emitted = 0
+        self.start = time.perf_counter()
+
+    def run(self) -> Iterator[Event]:
+        self._prefill()
+        step = 0
+        while True:
+            reason = self._finish_reason_before_step()
+            if reason is not None:
+                break
+            k_asked, proposal, draft_s = self._draft()
+            started = time.perf_counter()
+            n_accepted, next_token = self._verify(proposal)
+            verify_s = time.perf_counter() - started
+            k = len(proposal.tokens)
+            self.stats.record_step(k, n_accepted, draft_s, verify_s)
+            self.policy.observe(k, n_accepted, draft_s, verify_s)
+            reason = None
+            for token, source in _emitted(proposal.tokens, n_accepted, next_token):
+                if token in self.target.stop_ids:
+                    reason = FinishReason.STOP
+                    break
+                yield self._emit(token, source, step)
+                if self.emitted >= self.settings.max_tokens:
+                    reason = FinishReason.LENGTH
+                    break
+            yield StepEvent(step, k_asked, k, n_accepted, draft_s, verify_s)
+            step += 1
+            if reason is not None:
+                break
+        yield DoneEvent(reason, self.stats.snapshot(time.perf_counter() - self.start))
+
+    def _prefill(self) -> None:
+        """Bring both caches up to the prompt minus its last token (fed with the first step)."""
+        started = time.perf_counter()
+        evaluate_sequence(self.target, self.tokens[:-1], 0)
+        if self.drafter is not None:
+            self.drafter.prefill(self.tokens[:-1])
+        self.stats.prompt_s = time.perf_counter() - started
+
+    def _finish_reason_before_step(self) -> FinishReason | None:
+        if self.cancel.is_set():
+            return FinishReason.CANCELLED
+        if self.emitted >= self.settings.max_tokens or len(self.tokens) >= self.target.n_ctx:
+            return FinishReason.LENGTH
+        return None
+
+    def _draft(self) -> tuple[int, Proposal, float]:
+        """Returns (K asked for by the policy, the proposal, seconds spent drafting)."""
+        asked = self.policy.next_k() if self.drafter is not None else 0
+        room = min(self.settings.max_tokens - self.emitted, self.target.n_ctx - len(self.tokens))
+        k = min(asked, room - 1)
+        if k <= 0:
+            return asked, Proposal.empty(self.target.vocab_size), 0.0
+        started = time.perf_counter()
+        proposal = self.drafter.propose(self.tokens, k, self.settings.sampling, self.rng)
+        return asked, proposal, time.perf_counter() - started
+
+    def _verify(self, proposal: Proposal) -> tuple[int, int]:
+        k = len(proposal.tokens)
+        logits = evaluate_sequence(self.target, self.tokens + proposal.tokens, k + 1)
+        target_probs = probabilities(logits, self.settings.sampling)
+        return verify(proposal.tokens, proposal.probs, target_probs, self.rng)
+
+    def _emit(self, token: int, source: TokenSource, step: int) -> TokenEvent:
+        self.tokens.append(token)
+        self.emitted += 1
+        self.stats.tokens += 1
+        if self.emitted == 1:
+            self.stats.ttft_s = time.perf_counter() - self.start
+        return TokenEvent(token, self.text.push(self.target.token_bytes(token)), source, step)
+
+
+def _emitted(drafts: list[int], n_accepted: int, next_token: int
+             ) -> Iterator[tuple[int, TokenSource]]:
+    """The tokens a verified step emits, each with where it came from."""
+    for token in drafts[:n_accepted]:
+        yield token, TokenSource.ACCEPTED
+    if not drafts:
+        yield next_token, TokenSource.TARGET
+    elif n_accepted < len(drafts):
+        yield next_token, TokenSource.RESAMPLED
+    else:
+        yield next_token, TokenSource.BONUS

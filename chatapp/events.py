@@ -1,0 +1,70 @@
+"""The event stream the engine yields; the TUI, the CLI and the bench consume only these.
+
+One ``TokenEvent`` per emitted token, one ``StepEvent`` per target forward (a speculation step, or
+a plain decoding step when K = 0), and a final ``DoneEvent`` with the turn's statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from chatapp.stats import TurnStats
+
+
+class TokenSource(str, Enum):
+    """Where an emitted token came from."""
+
+    ACCEPTED = "accepted"  # drafted, and accepted by the target
+    RESAMPLED = "resampled"  # drawn by the target from the residual after a rejected draft
+    BONUS = "bonus"  # drawn by the target after every draft of the step was accepted
+    TARGET = "target"  # plain target decoding (no draft this step)
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """``text`` is streaming-safe: "" while the token ends inside an incomplete UTF-8 character."""
+
+    id: int
+    text: str
+    source: TokenSource
+    step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "token", "id": self.id, "text": self.text,
+                "source": self.source.value, "step": self.step}
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One target forward. ``k`` is the draft length asked for; ``drafted`` what was proposed."""
+
+    step: int
+    k: int
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "step", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    finish_reason: FinishReason
+    stats: TurnStats
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "done", "finish_reason": self.finish_reason.value,
+                "stats": self.stats.to_json()}
+
+
+Event = TokenEvent | StepEvent | DoneEvent

@@ -1,0 +1,58 @@
+"""Exact verification of drafted tokens (speculative sampling, Leviathan et al. / Chen et al. 2023).
+
+Contract of ``verify``: given K drafted tokens, the distributions q_i they were *actually* drawn
+from, and the target's distributions p_0..p_K at the same positions plus the one after, accept
+draft i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the replacement
+from norm(max(0, p_i - q_i)); if all K are accepted draw a bonus token from p_K. Every token that
+results follows the target's distribution exactly, whatever q is (one-hot greedy or n-gram
+proposals included). Pure: no model, no I/O; randomness only from the generator passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from chatapp.sampling import sample
+
+
+def verify(
+    draft_tokens: Sequence[int],
+    draft_probs: np.ndarray,
+    target_probs: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Return ``(n_accepted, next_token)``; see the module docstring.
+
+    ``draft_probs`` has shape (K, V); ``target_probs`` has shape (K+1, V). K may be 0.
+    """
+    k = len(draft_tokens)
+    if target_probs.shape[0] != k + 1 or (k and draft_probs.shape[0] != k):
+        raise ValueError(
+            f"shape mismatch: {k} drafts, draft_probs {draft_probs.shape}, "
+            f"target_probs {target_probs.shape}"
+        )
+    for i, token in enumerate(draft_tokens):
+        p, q = target_probs[i], draft_probs[i]
+        if _accepts(p[token], q[token], rng):
+            continue
+        return i, sample(_residual(p, q), rng)
+    return k, sample(target_probs[k], rng)
+
+
+def _accepts(p_x: float, q_x: float, rng: np.random.Generator) -> bool:
+    """Accept with probability min(1, p_x / q_x); a token the draft could not draw is rejected."""
+    if q_x <= 0.0:
+        return False
+    if p_x >= q_x:
+        return True
+    return bool(rng.random() < p_x / q_x)
+
+
+def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)); falls back to p when the difference has no mass (p == q up to rounding)."""
+    residual = np.maximum(p - q, 0.0)
+    if residual.sum() <= 0.0:
+        return p
+    return residual

@@ -1,0 +1,118 @@
+"""Per-turn statistics of speculative decoding, with the definitions used by vLLM and friends.
+
+- drafted / accepted: draft tokens proposed, and of those accepted by the target.
+- acceptance_rate = accepted / drafted (0 when nothing was drafted).
+- mean_accepted_length = emitted tokens per target forward (1 + accepted / steps when no stop cut
+  a step short).
+- per_position_accepted[i]: of the steps that verified a draft at position i+1, the fraction that
+  accepted it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    tokens: int = 0
+    prompt_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    per_position_accepted: tuple[float, ...] = ()
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prompt_s: float = 0.0
+    total_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def other_s(self) -> float:
+        """Time not spent in the draft, the verification or the prompt: sampling, bookkeeping."""
+        return max(0.0, self.total_s - self.draft_s - self.verify_s - self.prompt_s)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["per_position_accepted"] = list(self.per_position_accepted)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            tokens_per_s=self.tokens_per_s,
+            prompt_tokens_per_s=self.prompt_tokens_per_s,
+            other_s=self.other_s,
+        )
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TurnStats":
+        names = {f for f in cls.__dataclass_fields__}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["per_position_accepted"] = tuple(kwargs.get("per_position_accepted", ()))
+        return cls(**kwargs)
+
+
+@dataclass
+class StatsRecorder:
+    """Mutable accumulator the engine fills during a turn; ``snapshot`` freezes it."""
+
+    tokens: int = 0
+    prompt_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prompt_s: float = 0.0
+    ttft_s: float = 0.0
+    verified_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def record_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.target_calls += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        while len(self.verified_at) < drafted:
+            self.verified_at.append(0)
+            self.accepted_at.append(0)
+        # Position i is verified when every earlier draft was accepted.
+        for i in range(min(drafted, accepted + 1)):
+            self.verified_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    def snapshot(self, total_s: float) -> TurnStats:
+        per_position = tuple(
+            a / v if v else 0.0 for a, v in zip(self.accepted_at, self.verified_at)
+        )
+        return TurnStats(
+            tokens=self.tokens,
+            prompt_tokens=self.prompt_tokens,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            target_calls=self.target_calls,
+            per_position_accepted=per_position,
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            prompt_s=self.prompt_s,
+            total_s=total_s,
+            ttft_s=self.ttft_s,
+        )

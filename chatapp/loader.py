@@ -1,0 +1,72 @@
+"""Build a ready ``ChatSession`` from a ``Config``: resolve models, load backends, pick the drafter.
+
+Backends are imported lazily, so the llama.cpp path never imports torch. Progress is reported as
+(message, fraction or None) through the callback, for the CLI's stderr line and the TUI's loader.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from chatapp.backends.base import Backend
+from chatapp.catalog import resolve_model
+from chatapp.config import Config
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength
+from chatapp.drafting import Drafter, ModelDrafter
+from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
+from chatapp.sampling import SamplingParams
+from chatapp.session import ChatSession
+
+LoadProgress = Callable[[str, float | None], None]
+
+
+def _quiet(message: str, fraction: float | None) -> None:
+    """The default progress callback: report nothing."""
+
+
+def load_backend(model: str, role: str, config: Config, progress: LoadProgress = _quiet) -> Backend:
+    """Resolve ``model`` (alias or path), assembling it if needed, and load it on the backend."""
+    def assembling(done: int, total: int) -> None:
+        progress(f"Preparing {role} model {model}", done / total if total else None)
+
+    path = resolve_model(model, assembling)
+    progress(f"Loading {role} model {model}", None)
+    if config.backend == "hf":
+        from chatapp.backends.transformers_backend import TransformersBackend
+
+        return TransformersBackend(path, device=config.device, dtype=config.dtype, n_ctx=config.n_ctx)
+    from chatapp.backends.llama_cpp import LlamaCppBackend
+
+    return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,
+                           gpu_layers=config.gpu_layers)
+
+
+def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet) -> Drafter:
+    """The drafter the config asks for; the draft model is checked against the target's vocabulary."""
+    draft = load_backend(config.draft, "draft", config, progress)
+    check_compatible(draft, target)
+    return ModelDrafter(draft)
+
+
+def make_policy(config: Config) -> DraftPolicy:
+    return FixedDraftLength(config.fixed_draft_length or 0)
+
+
+def generation_settings(config: Config) -> GenerationSettings:
+    sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+    return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
+
+
+def build_session(config: Config, progress: LoadProgress = _quiet,
+                  with_draft: bool = True) -> ChatSession:
+    """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat."""
+    target = load_backend(config.target, "target", config, progress)
+    try:
+        drafter = make_drafter(config, target, progress) if with_draft else None
+    except Exception:
+        target.close()
+        raise
+    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
+    return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
+                       config.system_prompt)

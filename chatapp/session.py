@@ -1,0 +1,69 @@
+"""A conversation bound to an engine: builds a prompt that fits the context, streams the reply.
+
+``ChatSession.stream(messages, ...)`` turns the conversation (system prompt first, if any) into
+prompt tokens with the target's chat template. When the conversation has outgrown the context
+window, the oldest turns are dropped (never the system prompt, never the newest user message) and
+``PromptPlan.dropped_messages`` says how many, so the UI can tell the user. The session owns the
+random generator, seeded once, so the same seed and settings give the same conversation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chatapp.backends.base import ChatMessage
+from chatapp.draft_policy import DraftPolicy
+from chatapp.engine import ContextOverflowError, GenerationSettings, SpeculativeEngine
+from chatapp.events import Event
+
+# Room kept free for the reply when trimming: at least this many tokens, at most max_tokens.
+MIN_REPLY_ROOM = 64
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    tokens: list[int]
+    dropped_messages: int
+
+
+class ChatSession:
+    def __init__(self, engine: SpeculativeEngine, settings: GenerationSettings,
+                 seed: int, system_prompt: str = "") -> None:
+        self.engine = engine
+        self.settings = settings
+        self.seed = seed
+        self.system_prompt = system_prompt
+        self.rng = np.random.default_rng(seed)
+
+    def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
+        """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
+
+        Raises ``ContextOverflowError`` when even the newest message alone does not fit.
+        """
+        target = self.engine.target
+        room = min(self.settings.max_tokens, max(MIN_REPLY_ROOM, target.n_ctx // 4))
+        system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
+        history = [m for m in messages if m.role != "system"]
+        for dropped in range(len(history)):
+            kept = history[dropped:]
+            if kept[0].role != "user" and len(kept) > 1:
+                continue  # a conversation restarts at a user turn
+            tokens = target.chat_prompt(system + kept)
+            if len(tokens) + room <= target.n_ctx:
+                return PromptPlan(tokens, dropped)
+        tokens = target.chat_prompt(system + history[-1:])
+        raise ContextOverflowError(
+            f"Your message is {len(tokens)} tokens with the chat template, and the context window "
+            f"holds {target.n_ctx} with {room} kept for the reply. Shorten the message, or start "
+            "specchat with a larger --n-ctx."
+        )
+
+    def stream(self, messages: Sequence[ChatMessage], policy: DraftPolicy,
+               cancel: threading.Event | None = None) -> tuple[PromptPlan, Iterator[Event]]:
+        """Plan the prompt (may raise) and return it with the reply's event stream."""
+        plan = self.plan_prompt(messages)
+        return plan, self.engine.generate(plan.tokens, self.settings, self.rng, policy, cancel)

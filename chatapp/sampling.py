@@ -17,6 +17,8 @@ import numpy as np
 
 # Candidates examined before falling back to a full sort for top-p; covers typical nucleus sizes.
 _TOP_P_CANDIDATES = 2048
+# Rounding slack when comparing a cumulative mass with top_p (0.5 + 0.3 must reach 0.8).
+_MASS_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     if cumulative[-1] < top_p and n < probs.shape[-1]:
         order = np.argsort(-probs, kind="stable")
         cumulative = np.cumsum(probs[order])
-    keep = order[: int(np.searchsorted(cumulative, top_p)) + 1]
+    keep = order[: int(np.searchsorted(cumulative, top_p - _MASS_TOLERANCE)) + 1]
     nucleus = np.zeros_like(probs)
     nucleus[keep] = probs[keep]
     return nucleus / nucleus.sum()

@@ -1,0 +1,346 @@
+"""A llama.cpp backend (GGUF models) on llama-cpp-python's low-level C API.
+
+Implements ``chatapp.backends.base.Backend``. One sequence (id 0) lives in the KV cache;
+``cached_tokens`` mirrors it exactly. ``evaluate`` feeds tokens in chunks of ``n_batch`` through
+``llama_decode`` with the logits flag set only on the last ``n_logits`` entries, so llama.cpp
+computes and stores logits for those positions only (never ``logits_all``). ``truncate`` drops
+positions with ``llama_memory_seq_rm``; re-evaluating after it gives the same logits as a fresh
+context (llama.cpp's arithmetic for a given batch layout is deterministic).
+
+``llama_cpp`` is imported lazily, on the first backend created, and this module never imports
+torch. llama.cpp's own logging goes to a ring buffer (quoted in error messages) instead of stderr,
+unless the environment variable ``SPECCHAT_LLAMA_LOG=1`` is set.
+
+Memory defaults (measured on the Qwen2.5-Coder 0.5B + 1.5B pair, n_ctx 4096): the weights are read
+into memory rather than mmapped, because llama.cpp repacks quantised weights at load, and with mmap
+the file pages it read stay resident next to the repacked copy; ``n_batch`` (= ``n_ubatch``) 256
+keeps the compute buffer, which scales with n_ubatch x vocabulary, small.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from chatapp.backends.base import BackendError, ChatMessage
+from chatapp.chat_template import render_chat
+
+GGUF_MAGIC = b"GGUF"
+_GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
+_SEQ = 0  # the one sequence id this backend uses
+_LOG_LEVEL_WARN = 3  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+_LOG_LEVEL_CONT = 5
+
+_llama: ModuleType | None = None
+_log_tail: deque[str] = deque(maxlen=12)
+_log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
+
+
+def _lib() -> ModuleType:
+    """Import llama_cpp once, initialise its backend and route its logging."""
+    global _llama, _log_callback
+    if _llama is None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise BackendError(
+                "The llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.16'"
+            ) from exc
+        _log_callback = llama_cpp.llama_log_callback(_on_log)
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _llama = llama_cpp
+    return _llama
+
+
+def _on_log(level: int, text: bytes | None, _user_data: Any) -> None:
+    """Keep llama.cpp's warnings and errors for error messages; echo all if SPECCHAT_LLAMA_LOG=1."""
+    message = (text or b"").decode("utf-8", errors="replace")
+    if os.environ.get("SPECCHAT_LLAMA_LOG") == "1":
+        sys.stderr.write(message)
+    if level == _LOG_LEVEL_CONT and _log_tail:
+        _log_tail[-1] += message
+    elif level >= _LOG_LEVEL_WARN and message.strip():
+        _log_tail.append(message)
+
+
+def _llama_said() -> str:
+    lines = [line.strip() for line in _log_tail if line.strip()]
+    return f" llama.cpp said: {' | '.join(lines[-3:])}" if lines else ""
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (llama.cpp's own default is a fixed 4)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ``BackendError`` unless ``path`` is a readable file that starts like a GGUF model.
+
+    llama.cpp can crash the process on some malformed input, so garbage never reaches it.
+    """
+    if not path.exists():
+        raise BackendError(f"Model file not found: {path}. Check the path, or run `specchat models` "
+                           "to see the installed models and where they are.")
+    if not path.is_file():
+        raise BackendError(f"Model path {path} is not a file; give the path of a .gguf file.")
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise BackendError(f"Cannot read the model file {path}: {exc}.") from exc
+    if head != GGUF_MAGIC:
+        raise BackendError(
+            f"{path} is not a GGUF model (it starts with {head!r}, not {GGUF_MAGIC!r}). The llama.cpp "
+            "backend needs a .gguf file; if the model came in parts, join them in order first.")
+    if size <= _GGUF_HEADER_BYTES:
+        raise BackendError(f"{path} is only {size} bytes: the GGUF file is truncated. Download or "
+                           "assemble it again and check its sha256.")
+
+
+class LlamaCppBackend:
+    """One GGUF model and its KV cache (one sequence). Not thread-safe: one caller at a time."""
+
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None,
+                 gpu_layers: int = 0, n_batch: int = 256, use_mmap: bool = False) -> None:
+        """Load the model; raise ``BackendError`` (saying what to do) if it cannot be loaded.
+
+        ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
+        ``llama_decode``. ``use_mmap`` trades resident memory for load time (see the module notes).
+        """
+        self._path = Path(path)
+        check_gguf_file(self._path)
+        lib = _lib()
+        self._lib = lib
+        self._model = self._load_model(gpu_layers, use_mmap)
+        self._ctx = None
+        self._batch = None
+        try:
+            self._ctx = self._new_context(n_ctx, n_batch, threads or default_threads())
+            self._n_batch = n_batch
+            self._batch = lib.llama_batch_init(n_batch, 0, 1)
+            self._memory = lib.llama_get_memory(self._ctx)
+            self._vocab = lib.llama_model_get_vocab(self._model)
+            self._vocab_size = lib.llama_vocab_n_tokens(self._vocab)
+            self._n_ctx = lib.llama_n_ctx(self._ctx)
+            self._stop_ids = self._find_stop_ids()
+            self._name = self._meta("general.name") or self._path.stem
+        except BaseException:
+            self.close()
+            raise
+        self._cache: list[int] = []
+        self._fingerprint: str | None = None
+        self.uses_fallback_template = False
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _load_model(self, gpu_layers: int, use_mmap: bool) -> Any:
+        params = self._lib.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        params.use_mmap = use_mmap
+        _log_tail.clear()
+        model = self._lib.llama_model_load_from_file(str(self._path).encode(), params)
+        if not model:
+            size = self._path.stat().st_size
+            raise BackendError(
+                f"llama.cpp could not load {self._path} ({size:,} bytes). The file is probably "
+                "truncated or corrupt, or its architecture is newer than this llama-cpp-python: "
+                "assemble or download it again and check its sha256, or upgrade llama-cpp-python."
+                + _llama_said())
+        return model
+
+    def _new_context(self, n_ctx: int, n_batch: int, threads: int) -> Any:
+        params = self._lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        _log_tail.clear()
+        ctx = self._lib.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise BackendError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {self._path.name}: "
+                "probably out of memory. Lower n_ctx (--n-ctx) or n_batch." + _llama_said())
+        return ctx
+
+    def _find_stop_ids(self) -> frozenset[int]:
+        lib, vocab = self._lib, self._vocab
+        ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)}
+        ids.update(t for t in range(self._vocab_size) if lib.llama_vocab_is_eog(vocab, t))
+        return frozenset(t for t in ids if 0 <= t < self._vocab_size)
+
+    def _meta(self, key: str) -> str | None:
+        """A string from the GGUF metadata, or None if the key is absent."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", errors="replace")
+            size = n + 1
+
+    # -- Backend protocol ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """EOS, EOT and every token llama.cpp marks end-of-generation (e.g. <|endoftext|>)."""
+        return self._stop_ids
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return tuple(self._cache)
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Token ids of ``text``; never adds BOS. ``special`` parses control tokens in the text."""
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        while True:
+            buf = (self._lib.llama_token * size)()
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of ``token`` (special tokens rendered as their text, no space stripped)."""
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def vocab_fingerprint(self) -> str:
+        """sha256 over the token texts in id order, each followed by a NUL byte (cached)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for token in range(self._vocab_size):
+                digest.update(self._lib.llama_vocab_get_text(self._vocab, token) or b"")
+                digest.update(b"\0")
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent or broken), tokenize it
+        with control tokens parsed. Sets ``uses_fallback_template``."""
+        text, self.uses_fallback_template = render_chat(
+            self._meta("tokenizer.chat_template"), messages,
+            self._token_text(self._lib.llama_vocab_bos(self._vocab)),
+            self._token_text(self._lib.llama_vocab_eos(self._vocab)))
+        return self.tokenize(text, special=True)
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append ``tokens`` to the cache; return float32 logits (n_logits, vocab_size) predicted
+        after each of the last ``n_logits`` tokens. On a llama.cpp failure the cache is left as it
+        was before the call and ``BackendError`` is raised."""
+        tokens = list(tokens)
+        if not 0 <= n_logits <= len(tokens):
+            raise ValueError(f"n_logits must be in 0..{len(tokens)}, got {n_logits}")
+        start = len(self._cache)
+        if start + len(tokens) > self._n_ctx:
+            raise BackendError(
+                f"The context window of {self._n_ctx} tokens is full ({start} cached + "
+                f"{len(tokens)} new). Start a new chat or raise n_ctx (--n-ctx).")
+        logits = np.empty((n_logits, self._vocab_size), dtype=np.float32)
+        first_out = len(tokens) - n_logits
+        row = 0
+        for lo in range(0, len(tokens), self._n_batch):
+            chunk = tokens[lo:lo + self._n_batch]
+            self._decode(chunk, start + lo, first_out - lo, start)
+            for i in range(max(0, first_out - lo), len(chunk)):
+                logits[row] = self._logits_row(i)
+                row += 1
+        return logits
+
+    def truncate(self, n: int) -> None:
+        """Drop every cached position >= ``n`` (no-op if fewer are cached)."""
+        if n < 0:
+            raise ValueError(f"cannot truncate to {n} tokens")
+        if n >= len(self._cache):
+            return
+        self._remove_from(n)
+        del self._cache[n:]
+
+    def close(self) -> None:
+        """Free the batch, the context and the model. Safe to call twice."""
+        lib = self._lib
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _decode(self, chunk: list[int], pos: int, first_out: int, rollback_to: int) -> None:
+        """Decode ``chunk`` at positions ``pos``..; entries at index >= ``first_out`` get logits.
+        On failure, remove everything from ``rollback_to`` on and raise ``BackendError``."""
+        if self._ctx is None:
+            raise BackendError(f"The model {self._name} was closed.")
+        batch = self._batch
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = _SEQ
+            batch.logits[i] = i >= first_out
+        batch.n_tokens = len(chunk)
+        _log_tail.clear()
+        status = self._lib.llama_decode(self._ctx, batch)
+        if status != 0:
+            self._remove_from(rollback_to)
+            del self._cache[rollback_to:]
+            raise BackendError(f"llama_decode failed (status {status}) on {len(chunk)} tokens at "
+                               f"position {pos} in {self._name}." + _llama_said())
+        self._cache.extend(chunk)
+
+    def _logits_row(self, index: int) -> np.ndarray:
+        pointer = self._lib.llama_get_logits_ith(self._ctx, index)
+        if not pointer:
+            raise BackendError(f"llama.cpp returned no logits for batch entry {index}.")
+        return np.ctypeslib.as_array(pointer, shape=(self._vocab_size,))
+
+    def _remove_from(self, n: int) -> None:
+        if not self._lib.llama_memory_seq_rm(self._memory, _SEQ, n, -1):
+            raise BackendError(f"llama.cpp could not roll the KV cache of {self._name} back to "
+                               f"{n} tokens (this model's cache cannot be partially cleared).")
+
+    def _token_text(self, token: int) -> str:
+        if not 0 <= token < self._vocab_size:
+            return ""
+        return self.token_bytes(token).decode("utf-8", errors="replace")

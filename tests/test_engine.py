@@ -1,0 +1,212 @@
+"""The engine's event stream, on the deterministic fake backend."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from chatapp.backends.base import ChatMessage
+from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.draft_policy import FixedDraftLength
+from chatapp.drafting import ModelDrafter, evaluate_sequence
+from chatapp.engine import (ContextOverflowError, GenerationSettings, IncompatibleModelsError,
+                            SpeculativeEngine, TextStream)
+from chatapp.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
+from chatapp.sampling import SamplingParams, probabilities
+from tests.stat_tools import fits
+
+PROMPT = FakeBackend().tokenize("user: hello there\nassistant: ")
+
+
+def _engine(noise: float = 1.0, **target_kwargs) -> SpeculativeEngine:
+    return SpeculativeEngine(FakeBackend(**target_kwargs), ModelDrafter(FakeBackend(noise=noise)))
+
+
+def _run(engine: SpeculativeEngine, k: int, max_tokens: int = 60, temperature: float = 0.0,
+         seed: int = 0, **kwargs) -> list:
+    settings = GenerationSettings(SamplingParams(temperature), max_tokens)
+    return list(engine.generate(PROMPT, settings, np.random.default_rng(seed),
+                                FixedDraftLength(k), **kwargs))
+
+
+def _ids(events: list) -> list[int]:
+    return [e.id for e in events if isinstance(e, TokenEvent)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_greedy_speculative_output_equals_target_only(k: int) -> None:
+    plain = _ids(_run(_engine(), 0))
+    assert len(plain) > 20
+    assert _ids(_run(_engine(), k)) == plain
+
+
+def test_sources_and_step_records_are_consistent() -> None:
+    events = _run(_engine(), 3)
+    sources = Counter(e.source for e in events if isinstance(e, TokenEvent))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert sources[TokenSource.ACCEPTED] == sum(s.accepted for s in steps) - _cut_short(events)
+    assert sources[TokenSource.RESAMPLED] > 0 and sources[TokenSource.BONUS] > 0
+    assert TokenSource.TARGET not in sources
+    assert done.stats.drafted == sum(s.drafted for s in steps)
+    assert done.stats.target_calls == len(steps)
+    assert done.stats.tokens == sum(sources.values())
+    assert 0 < done.stats.acceptance_rate < 1
+    assert done.stats.mean_accepted_length == pytest.approx(done.stats.tokens / len(steps))
+
+
+def _cut_short(events: list) -> int:
+    """Accepted drafts of the last step that max_tokens left unemitted."""
+    last = [e for e in events if isinstance(e, StepEvent)][-1]
+    emitted = sum(1 for e in events if isinstance(e, TokenEvent) and e.step == last.step)
+    return max(0, last.accepted + 1 - emitted)
+
+
+def test_plain_decoding_goes_through_the_same_stream() -> None:
+    events = _run(_engine(), 0, max_tokens=10)
+    assert {e.source for e in events if isinstance(e, TokenEvent)} == {TokenSource.TARGET}
+    assert all(s.drafted == 0 for s in events if isinstance(s, StepEvent))
+
+
+def test_per_position_acceptance_counts_only_verified_positions() -> None:
+    done = _run(_engine(), 4, max_tokens=200)[-1]
+    rates = done.stats.per_position_accepted
+    assert len(rates) == 4 and all(0 <= r <= 1 for r in rates)
+
+
+def test_identical_draft_accepts_everything() -> None:
+    done = _run(_engine(noise=0.0), 4, max_tokens=41)[-1]
+    assert done.stats.accepted == done.stats.drafted
+    assert done.stats.mean_accepted_length > 4
+
+
+def test_max_tokens_gives_length_and_exact_count() -> None:
+    events = _run(_engine(), 5, max_tokens=13)
+    assert len(_ids(events)) == 13
+    assert events[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_stop_token_ends_the_turn_and_is_not_emitted() -> None:
+    target = FakeBackend()
+    target._table[:, STOP_ID] += 100.0  # the model wants to stop at once
+    events = list(SpeculativeEngine(target).generate(
+        PROMPT, GenerationSettings(), np.random.default_rng(0), FixedDraftLength(0)))
+    assert _ids(events) == [] and events[-1].finish_reason == FinishReason.STOP
+
+
+def test_draft_length_changes_apply_from_the_next_step() -> None:
+    policy = FixedDraftLength(2)
+    settings = GenerationSettings(max_tokens=80)
+    seen = []
+    for event in _engine().generate(PROMPT, settings, np.random.default_rng(0), policy):
+        if isinstance(event, StepEvent):
+            seen.append(event.k)
+            if event.step == 3:
+                policy.set(5)
+            if event.step == 6:
+                policy.set(0)
+    assert seen[:4] == [2] * 4 and seen[4:7] == [5] * 3 and set(seen[7:]) == {0}
+
+
+def test_cancel_stops_before_the_next_step() -> None:
+    cancel = threading.Event()
+    events = []
+    for event in _engine().generate(PROMPT, GenerationSettings(max_tokens=500),
+                                    np.random.default_rng(0), FixedDraftLength(3), cancel):
+        events.append(event)
+        if isinstance(event, StepEvent) and event.step == 2:
+            cancel.set()
+    assert events[-1].finish_reason == FinishReason.CANCELLED
+    assert max(e.step for e in events if isinstance(e, StepEvent)) == 2
+
+
+def test_kv_caches_stay_in_step_and_are_reused_next_turn() -> None:
+    engine = _engine()
+    events = _run(engine, 3, max_tokens=30)
+    reply = _ids(events)
+    history = PROMPT + reply
+    target, draft = engine.target, engine.drafter.backend
+    # The caches may hold rejected drafts beyond the history, never anything that differs from it.
+    assert list(target.cached_tokens[: len(history) - 1]) == history[: len(history) - 1]
+    assert list(draft.cached_tokens)[: len(draft.cached_tokens)] == history[: len(draft.cached_tokens)]
+    # A follow-up prompt that extends the history only feeds the new tokens.
+    follow_up = history + FakeBackend().tokenize("user: more")
+    target.evaluate_calls.clear()
+    evaluate_sequence(target, follow_up, 1)
+    assert sum(target.evaluate_calls) == len(follow_up) - len(history) + 1
+
+
+def test_after_rejections_the_target_cache_matches_a_fresh_evaluation() -> None:
+    engine = _engine()
+    reply = _ids(_run(engine, 4, max_tokens=25, temperature=1.0, seed=3))
+    history = PROMPT + reply
+    fresh = FakeBackend()
+    expected = evaluate_sequence(fresh, history, 1)
+    assert np.array_equal(evaluate_sequence(engine.target, history, 1), expected)
+    assert list(engine.target.cached_tokens) == history
+
+
+def test_sampled_first_two_tokens_follow_the_target_distribution() -> None:
+    """Statistical: speculative sampling reproduces the target's joint law of two tokens."""
+    params = SamplingParams(1.0)
+    target = FakeBackend(sharpness=1.2)
+    p1 = probabilities(evaluate_sequence(FakeBackend(sharpness=1.2), PROMPT, 1)[0], params)
+    joint = np.zeros((target.vocab_size, target.vocab_size))
+    for first in np.flatnonzero(p1 > 1e-4):
+        row = evaluate_sequence(FakeBackend(sharpness=1.2), PROMPT + [int(first)], 1)[0]
+        joint[first] = p1[first] * probabilities(row, params)
+    engine = SpeculativeEngine(target, ModelDrafter(FakeBackend(sharpness=1.2, noise=1.5)))
+    rng = np.random.default_rng(123)
+    counts = np.zeros_like(joint)
+    settings = GenerationSettings(params, max_tokens=2)
+    for _ in range(3000):
+        ids = _ids(list(engine.generate(PROMPT, settings, rng, FixedDraftLength(3))))
+        if len(ids) == 2:
+            counts[ids[0], ids[1]] += 1
+    joint[:, 0] = 0.0  # a stop token as second token ends the reply early: condition on two
+    joint /= joint.sum()
+    assert fits(counts.ravel(), joint.ravel())
+
+
+def test_text_is_streaming_safe_across_a_split_character() -> None:
+    stream = TextStream()
+    assert stream.push(b"\xc3") == ""
+    assert stream.push(b"\xa9") == "é"
+    assert stream.push(b"\xff") == "\ufffd"
+
+
+def test_incompatible_vocabularies_are_refused_naming_both_models() -> None:
+    with pytest.raises(IncompatibleModelsError, match="'small'.*'big'"):
+        SpeculativeEngine.from_backends(FakeBackend(name="big"),
+                                        FakeBackend(name="small", vocab_size=40))
+
+
+def test_prompt_longer_than_the_context_is_refused() -> None:
+    engine = SpeculativeEngine(FakeBackend(n_ctx=8))
+    with pytest.raises(ContextOverflowError, match="context window"):
+        _run(engine, 0)
+
+
+def test_generation_stops_at_the_context_limit() -> None:
+    engine = _engine(n_ctx=len(PROMPT) + 10)
+    events = _run(engine, 4, max_tokens=100)
+    assert len(_ids(events)) == 10 and events[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
+    from chatapp.session import ChatSession
+
+    engine = SpeculativeEngine(FakeBackend(n_ctx=120))
+    session = ChatSession(engine, GenerationSettings(max_tokens=20), seed=0, system_prompt="K")
+    turns = [ChatMessage(role, "the draft token " * 3) for _ in range(6)
+             for role in ("user", "assistant")] + [ChatMessage("user", "the target")]
+    plan = session.plan_prompt(turns)
+    assert plan.dropped_messages > 0 and plan.dropped_messages % 2 == 0
+    assert plan.tokens[:3] == FakeBackend().tokenize("system: K\n")[:3]
+    assert len(plan.tokens) + 20 <= 120
+    with pytest.raises(ContextOverflowError, match="Shorten the message"):
+        session.plan_prompt([ChatMessage("user", "the " * 200)])

@@ -1,0 +1,66 @@
+"""logits -> probabilities: temperature, top-k, top-p; sampling by inverse CDF."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chatapp.sampling import SamplingParams, probabilities, sample
+from tests.stat_tools import fits
+
+
+def test_greedy_is_one_hot_on_the_argmax() -> None:
+    probs = probabilities(np.array([0.1, 3.0, 2.9, -1.0]), SamplingParams(0.0))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_temperature_one_is_softmax() -> None:
+    logits = np.array([1.0, 2.0, 3.0])
+    expected = np.exp(logits) / np.exp(logits).sum()
+    assert np.allclose(probabilities(logits, SamplingParams(1.0)), expected)
+
+
+def test_top_k_keeps_the_k_largest() -> None:
+    probs = probabilities(np.array([1.0, 4.0, 3.0, 2.0]), SamplingParams(1.0, top_k=2))
+    assert np.count_nonzero(probs) == 2 and probs[1] > probs[2] > 0
+    assert probs.sum() == pytest.approx(1.0)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    probs = probabilities(logits, SamplingParams(1.0, top_p=0.8))
+    assert np.allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+    probs = probabilities(logits, SamplingParams(1.0, top_p=0.81))
+    assert np.count_nonzero(probs) == 3
+
+
+def test_top_p_on_a_large_flat_vocabulary_falls_back_to_a_full_sort() -> None:
+    probs = probabilities(np.zeros(10_000), SamplingParams(1.0, top_p=0.5))
+    assert np.count_nonzero(probs) == 5000
+
+
+def test_rows_are_processed_independently() -> None:
+    logits = np.array([[0.0, 1.0], [1.0, 0.0]])
+    assert probabilities(logits, SamplingParams(0.0)).tolist() == [[0, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0),
+                                 dict(top_p=1.5)])
+def test_out_of_range_params_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
+
+
+def test_sample_follows_the_distribution_and_never_picks_zero_mass() -> None:
+    probs = np.array([0.0, 0.2, 0.0, 0.5, 0.3])
+    rng = np.random.default_rng(0)
+    counts = np.bincount([sample(probs, rng) for _ in range(5000)], minlength=5)
+    assert counts[0] == counts[2] == 0
+    assert fits(counts, probs)
+
+
+def test_same_seed_same_draws() -> None:
+    probs = np.full(50, 1 / 50)
+    a = [sample(probs, np.random.default_rng(42)) for _ in range(3)]
+    b = [sample(probs, np.random.default_rng(42)) for _ in range(3)]
+    assert a == b

@@ -152,5 +152,5 @@ def _range_problems(config: Config) -> list[str]:
 
 
 def _line_of(text: str, key: str) -> int:
-    match = re.search(rf"^\s*{re.escape(key)}\s*=", text, flags=re.MULTILINE)
+    match = re.search(rf"^[ \t]*{re.escape(key)}[ \t]*=", text, flags=re.MULTILINE)
     return text.count("\n", 0, match.start()) + 1 if match else 1

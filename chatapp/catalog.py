@@ -186,7 +186,7 @@ def ensure_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> P
 
 def _join_parts(spec: ModelSpec, target: Path, progress: ProgressCallback | None) -> str:
     """Concatenate the parts into ``target`` atomically; return the sha256 of what was written."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = target.with_suffix(target.suffix + ".partial")
     digest, done = hashlib.sha256(), 0
     with partial.open("wb") as out:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -105,7 +106,15 @@ def load_settings(args: argparse.Namespace) -> Config:
     return config.with_overrides(**{k: v for k, v in options.items() if k in names})
 
 
+def stay_offline() -> None:
+    """specchat never downloads: keep the Hugging Face libraries off the network."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(name, "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    stay_offline()
     args = build_parser().parse_args(argv)
     try:
         config = load_settings(args)

@@ -40,6 +40,13 @@ class Drafter(Protocol):
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal: ...
 
+    def rollback(self, context: Sequence[int], verified: int) -> None:
+        """Forget any cached state past the longest prefix shared with ``context``.
+
+        The first ``verified`` tokens of ``context`` are known to match what is cached.
+        """
+        ...
+
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -47,6 +54,18 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def rollback_to_prefix(backend: Backend, sequence: Sequence[int], verified: int = 0) -> None:
+    """Truncate ``backend``'s cache to its longest prefix shared with ``sequence``.
+
+    Positions below ``verified`` are trusted to match and are not compared.
+    """
+    cached = backend.cached_tokens
+    start = min(verified, len(cached), len(sequence))
+    keep = start + common_prefix_length(cached[start:], sequence[start:])
+    if keep < len(cached):
+        backend.truncate(keep)
 
 
 def evaluate_sequence(backend: Backend, sequence: Sequence[int], n_logits: int) -> np.ndarray:
@@ -77,6 +96,9 @@ class ModelDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         evaluate_sequence(self.backend, context, 0)
+
+    def rollback(self, context: Sequence[int], verified: int) -> None:
+        rollback_to_prefix(self.backend, context, verified)
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:

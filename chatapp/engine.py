@@ -22,7 +22,8 @@ import numpy as np
 
 from chatapp.backends.base import Backend, BackendError
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength
-from chatapp.drafting import Drafter, ModelDrafter, Proposal, evaluate_sequence
+from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence,
+                              rollback_to_prefix)
 from chatapp.events import DoneEvent, Event, FinishReason, StepEvent, TokenEvent, TokenSource
 from chatapp.sampling import SamplingParams, probabilities
 from chatapp.speculative import verify
@@ -131,6 +132,7 @@ class _Turn:
             n_accepted, next_token = self._verify(proposal)
             verify_s = time.perf_counter() - started
             k = len(proposal.tokens)
+            verified = len(self.tokens)
             self.stats.record_step(k, n_accepted, draft_s, verify_s)
             self.policy.observe(k, n_accepted, draft_s, verify_s)
             reason = None
@@ -142,6 +144,7 @@ class _Turn:
                 if self.emitted >= self.settings.max_tokens:
                     reason = FinishReason.LENGTH
                     break
+            self._discard_unverified(verified)
             yield StepEvent(step, k_asked, k, n_accepted, draft_s, verify_s)
             step += 1
             if reason is not None:
@@ -179,6 +182,12 @@ class _Turn:
         logits = evaluate_sequence(self.target, self.tokens + proposal.tokens, k + 1)
         target_probs = probabilities(logits, self.settings.sampling)
         return verify(proposal.tokens, proposal.probs, target_probs, self.rng)
+
+    def _discard_unverified(self, verified: int) -> None:
+        """Roll both caches back to the emitted history: rejected or unemitted drafts go now."""
+        rollback_to_prefix(self.target, self.tokens, verified)
+        if self.drafter is not None:
+            self.drafter.rollback(self.tokens, verified)
 
     def _emit(self, token: int, source: TokenSource, step: int) -> TokenEvent:
         self.tokens.append(token)

@@ -14,6 +14,7 @@ from chatapp.catalog import resolve_model
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength
 from chatapp.drafting import Drafter, ModelDrafter
+from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
 from chatapp.sampling import SamplingParams
 from chatapp.session import ChatSession
@@ -31,6 +32,8 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
         progress(f"Preparing {role} model {model}", done / total if total else None)
 
     path = resolve_model(model, assembling)
+    if not config.device.startswith("cuda"):
+        check_fits([path], config.backend, config.dtype if config.dtype != "auto" else "float32")
     progress(f"Loading {role} model {model}", None)
     if config.backend == "hf":
         from chatapp.backends.transformers_backend import TransformersBackend

@@ -1,0 +1,38 @@
+"""A model that will not fit is refused before loading, with the numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.memory import InsufficientMemoryError, available_memory, check_fits, estimate_bytes
+
+
+def _model(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "m.gguf"
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_refuses_with_needed_and_available_numbers(tmp_path: Path) -> None:
+    path = _model(tmp_path, 3 * 1024**3)
+    with pytest.raises(InsufficientMemoryError, match=r"m\.gguf need about 3\.6 GB.*only 2\.0 GB"):
+        check_fits([path], "llama", available=2 * 1024**3)
+
+
+def test_a_model_that_fits_passes(tmp_path: Path) -> None:
+    check_fits([_model(tmp_path, 1024**2)], "llama", available=2 * 1024**3)
+
+
+def test_dequantising_a_gguf_costs_more_than_llama_cpp(tmp_path: Path) -> None:
+    path = _model(tmp_path, 1024**3)
+    llama = estimate_bytes(path, "llama")
+    assert estimate_bytes(path, "hf", "bfloat16") > 2 * llama
+    assert estimate_bytes(path, "hf", "float32") > 2 * estimate_bytes(path, "hf", "bfloat16") - 1
+
+
+def test_available_memory_is_read_on_linux() -> None:
+    available = available_memory()
+    assert available is None or available > 0

@@ -380,7 +380,7 @@ def token_pieces(tokenizer: Any, vocab_size: int) -> list[bytes]:
     count = min(len(tokenizer), vocab_size)
     strings = tokenizer.convert_ids_to_tokens(list(range(count)))
     added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-    byte_decoder = _byte_decoder() if _is_byte_level(tokenizer) else None
+    byte_level = _is_byte_level(tokenizer)
     pieces = []
     for token, string in enumerate(strings):
         if token in added:
@@ -388,13 +388,16 @@ def token_pieces(tokenizer: Any, vocab_size: int) -> list[bytes]:
         elif string is None:
             pieces.append(b"")
         else:
-            pieces.append(_piece_bytes(string, byte_decoder, tokenizer))
+            pieces.append(_piece_bytes(string, byte_level, tokenizer))
     return pieces + [b""] * (vocab_size - count)
 
 
-def _piece_bytes(string: str, byte_decoder: dict[str, int] | None, tokenizer: Any) -> bytes:
-    if byte_decoder is not None and all(c in byte_decoder for c in string):
-        return bytes(byte_decoder[c] for c in string)
+def _piece_bytes(string: str, byte_level: bool, tokenizer: Any) -> bytes:
+    if byte_level:
+        try:
+            return string.translate(_BYTE_LEVEL_TABLE).encode("latin-1")
+        except UnicodeEncodeError:
+            pass  # a character outside the byte table: not a byte-level piece
     if match := _BYTE_FALLBACK.fullmatch(string):
         return bytes([int(match.group(1), 16)])
     if "\u2581" in string:
@@ -404,23 +407,25 @@ def _piece_bytes(string: str, byte_decoder: dict[str, int] | None, tokenizer: An
 
 def _is_byte_level(tokenizer: Any) -> bool:
     """True when the fast tokenizer's decoder is (or contains) the ByteLevel decoder."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False
-    return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
 
 
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: printable stand-in character -> byte."""
+def _byte_level_table() -> dict[int, str]:
+    """A ``str.translate`` table inverting GPT-2's bytes_to_unicode: each stand-in character
+    becomes the latin-1 character of its byte. Characters below 256 that are not stand-ins map
+    to U+FFFF, so encoding the result to latin-1 fails on anything that is not a byte-level
+    piece."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
-    decoder = {chr(b): b for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            decoder[chr(256 + extra)] = b
-            extra += 1
-    return decoder
+    table = {b: chr(b) for b in printable}
+    others = [b for b in range(256) if b not in table]
+    table |= {256 + i: chr(b) for i, b in enumerate(others)}
+    table |= {b: "\uffff" for b in others}
+    return table
+
+
+_BYTE_LEVEL_TABLE = _byte_level_table()
 
 
 def _stop_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:

@@ -1,0 +1,307 @@
+"""The chat history: SQLite in the user data dir, one row per chat, message and assistant turn.
+
+Layout (schema version in ``PRAGMA user_version``; ``MIGRATIONS[i]`` brings version i to i + 1):
+
+- ``chats``: id, title, draft and target model names, created_at, updated_at (Unix seconds).
+- ``messages``: chat_id, position in the chat, role, content, ``runs`` (assistant only: the reply
+  as a JSON list of ``[text, source]`` runs, consecutive tokens of one source merged, source being
+  a ``TokenSource`` value), finish_reason (``stop`` | ``length`` | ``cancelled`` | ``error``),
+  created_at.
+- ``turn_stats``: one row per assistant message: ``TurnStats.to_json()`` and a small ``meta``
+  object (draft length label, sampling settings, model names) as JSON.
+
+The data dir is created 0700 and the database file 0600 (SQLite gives its -wal and -shm files the
+database's mode). The store is used from one thread (the UI's); every write is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from platformdirs import user_data_dir, user_documents_dir
+
+from chatapp.events import TokenSource
+from chatapp.stats import TurnStats
+
+Runs = list[tuple[str, TokenSource]]
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE chats (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL DEFAULT '',
+            draft TEXT NOT NULL DEFAULT '',
+            target TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL,
+            runs TEXT,
+            finish_reason TEXT,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX messages_by_chat ON messages (chat_id, position)",
+        """CREATE TABLE turn_stats (
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            stats TEXT NOT NULL,
+            meta TEXT NOT NULL DEFAULT '{}'
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class HistoryError(RuntimeError):
+    """The history database cannot be used; the message says why and what to do."""
+
+
+def default_data_dir() -> Path:
+    return Path(user_data_dir("specchat"))
+
+
+def default_history_path() -> Path:
+    return default_data_dir() / "history.sqlite3"
+
+
+def default_export_dir() -> Path:
+    """The user's documents folder when there is one, else an exports folder in the data dir."""
+    documents = Path(user_documents_dir())
+    return documents if documents.is_dir() else default_data_dir() / "exports"
+
+
+@dataclass(frozen=True)
+class ChatSummary:
+    id: int
+    title: str
+    draft: str
+    target: str
+    created_at: float
+    updated_at: float
+    message_count: int
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    created_at: float
+    runs: Runs | None = None
+    finish_reason: str | None = None
+    stats: TurnStats | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def encode_runs(runs: Sequence[tuple[str, TokenSource]]) -> str:
+    """Runs as compact JSON, merging neighbours of the same source."""
+    merged: list[list[str]] = []
+    for text, source in runs:
+        if not text:
+            continue
+        if merged and merged[-1][1] == source.value:
+            merged[-1][0] += text
+        else:
+            merged.append([text, source.value])
+    return json.dumps(merged, ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_runs(data: str | None) -> Runs | None:
+    if data is None:
+        return None
+    return [(text, TokenSource(source)) for text, source in json.loads(data)]
+
+
+class HistoryStore:
+    """Chats, messages and per-turn statistics in one SQLite file (WAL mode)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_history_path()
+        try:
+            _prepare_private_file(self.path)
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._migrate()
+        except (OSError, sqlite3.Error) as error:
+            raise HistoryError(
+                f"The chat history at {self.path} cannot be opened ({error}). Check that the "
+                "folder is writable, or move the file away to start a fresh history."
+            ) from None
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                f"The chat history at {self.path} was written by a newer specchat (schema "
+                f"{version}, this one knows {SCHEMA_VERSION}). Upgrade specchat to open it."
+            )
+        for number in range(version, SCHEMA_VERSION):
+            with self._transaction():
+                for statement in MIGRATIONS[number]:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {number + 1}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- chats ----------------------------------------------------------------------------------
+
+    def create_chat(self, title: str = "", draft: str = "", target: str = "",
+                    now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO chats (title, draft, target, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)", (title, draft, target, now, now))
+            return int(cursor.lastrowid)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    def get_chat(self, chat_id: int) -> ChatSummary | None:
+        rows = self._chat_rows("WHERE c.id = ?", (chat_id,))
+        return rows[0] if rows else None
+
+    def list_chats(self) -> list[ChatSummary]:
+        """Every chat, the most recently used first."""
+        return self._chat_rows("", ())
+
+    def _chat_rows(self, where: str, args: tuple[Any, ...]) -> list[ChatSummary]:
+        rows = self._db.execute(
+            "SELECT c.id, c.title, c.draft, c.target, c.created_at, c.updated_at, "
+            "(SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id) "
+            f"FROM chats c {where} ORDER BY c.updated_at DESC, c.id DESC", args).fetchall()
+        return [ChatSummary(*row) for row in rows]
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def add_message(self, chat_id: int, role: str, content: str, *,
+                    runs: Sequence[tuple[str, TokenSource]] | None = None,
+                    finish_reason: str | None = None, stats: TurnStats | None = None,
+                    meta: dict[str, Any] | None = None, now: float | None = None) -> int:
+        """Append a message (and its turn statistics, if any) to a chat; returns its id."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            position = db.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
+                (chat_id,)).fetchone()[0]
+            cursor = db.execute(
+                "INSERT INTO messages (chat_id, position, role, content, runs, finish_reason, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (chat_id, position, role, content,
+                 encode_runs(runs) if runs is not None else None, finish_reason, now))
+            message_id = int(cursor.lastrowid)
+            if stats is not None:
+                db.execute("INSERT INTO turn_stats (message_id, stats, meta) VALUES (?, ?, ?)",
+                           (message_id, json.dumps(stats.to_json()), json.dumps(meta or {})))
+            db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
+            return message_id
+
+    def delete_message(self, message_id: int) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    def messages(self, chat_id: int) -> list[StoredMessage]:
+        rows = self._db.execute(
+            "SELECT m.id, m.chat_id, m.role, m.content, m.created_at, m.runs, m.finish_reason, "
+            "s.stats, s.meta FROM messages m LEFT JOIN turn_stats s ON s.message_id = m.id "
+            "WHERE m.chat_id = ? ORDER BY m.position", (chat_id,)).fetchall()
+        return [
+            StoredMessage(
+                id=row[0], chat_id=row[1], role=row[2], content=row[3], created_at=row[4],
+                runs=decode_runs(row[5]), finish_reason=row[6],
+                stats=TurnStats.from_json(json.loads(row[7])) if row[7] else None,
+                meta=json.loads(row[8]) if row[8] else {},
+            )
+            for row in rows
+        ]
+
+    # -- export ---------------------------------------------------------------------------------
+
+    def export_markdown(self, chat_id: int, directory: Path | None = None) -> Path:
+        """Write the chat as Markdown into ``directory``; returns the file's path."""
+        chat = self.get_chat(chat_id)
+        if chat is None:
+            raise HistoryError(f"There is no chat {chat_id} in {self.path}.")
+        directory = Path(directory) if directory is not None else default_export_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^a-z0-9]+", "-", chat.title.lower()).strip("-")[:40] or "chat"
+        path = directory / f"specchat-{chat.id}-{slug}.md"
+        path.write_text(chat_markdown(chat, self.messages(chat_id)), encoding="utf-8")
+        return path
+
+
+def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.created_at))
+    lines = [f"# {chat.title or 'Chat'}", ""]
+    models = f"draft {chat.draft}, target {chat.target}" if chat.target else ""
+    lines += [f"_specchat chat of {stamp}" + (f" ({models})" if models else "") + "_", ""]
+    for message in messages:
+        heading = {"user": "You", "assistant": "Assistant", "system": "System"}[message.role]
+        if message.finish_reason in ("cancelled", "error", "length"):
+            heading += {"cancelled": " (stopped)", "error": " (failed)",
+                        "length": " (cut at max tokens)"}[message.finish_reason]
+        lines += [f"## {heading}", "", message.content, ""]
+        if message.stats is not None:
+            lines += [f"> {turn_summary(message.stats, message.meta)}", ""]
+    return "\n".join(lines)
+
+
+def turn_summary(stats: TurnStats, meta: dict[str, Any]) -> str:
+    parts = [f"{stats.tokens} tokens", f"{stats.tokens_per_s:.1f} tok/s"]
+    if "k" in meta:
+        parts.append(f"K {meta['k']}")
+    if stats.drafted:
+        parts += [f"acceptance {stats.acceptance_rate:.0%}",
+                  f"{stats.mean_accepted_length:.2f} tokens per target call"]
+    return " · ".join(parts)
+
+
+def _prepare_private_file(path: Path) -> None:
+    """Create the folder (0700 when we make it) and the file (0600) before SQLite opens it."""
+    folder = path.parent
+    if not folder.is_dir():
+        folder.mkdir(mode=0o700, parents=True)
+        os.chmod(folder, 0o700)
+    elif folder == default_data_dir():
+        os.chmod(folder, 0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)

@@ -1,0 +1,64 @@
+"""Messages the worker threads post to the app (``post_message`` is thread-safe)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from chatapp.events import StepEvent
+from chatapp.session import ChatSession
+from chatapp.stats import TurnStats
+from chatapp.tui.turn import Piece, Turn
+
+
+class LoadProgress(Message):
+    def __init__(self, text: str, fraction: float | None) -> None:
+        super().__init__()
+        self.text = text
+        self.fraction = fraction
+
+
+class SessionLoaded(Message):
+    def __init__(self, session: ChatSession, generation: int) -> None:
+        super().__init__()
+        self.session = session
+        self.generation = generation
+
+
+class LoadFailed(Message):
+    def __init__(self, error: str, generation: int) -> None:
+        super().__init__()
+        self.error = error
+        self.generation = generation
+
+
+class ReplyPlanned(Message):
+    def __init__(self, turn: Turn, prompt_tokens: int, dropped_messages: int) -> None:
+        super().__init__()
+        self.turn = turn
+        self.prompt_tokens = prompt_tokens
+        self.dropped_messages = dropped_messages
+
+
+class ReplyStep(Message):
+    """The tokens of one speculation step (``step`` None: the last tokens before the end)."""
+
+    def __init__(self, turn: Turn, pieces: list[Piece], step: StepEvent | None) -> None:
+        super().__init__()
+        self.turn = turn
+        self.pieces = pieces
+        self.step = step
+
+
+class ReplyDone(Message):
+    def __init__(self, turn: Turn, finish_reason: str, stats: TurnStats) -> None:
+        super().__init__()
+        self.turn = turn
+        self.finish_reason = finish_reason
+        self.stats = stats
+
+
+class ReplyFailed(Message):
+    def __init__(self, turn: Turn, error: str) -> None:
+        super().__init__()
+        self.turn = turn
+        self.error = error

@@ -1,0 +1,268 @@
+"""Modal screens: help, settings, the list of saved chats."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
+from textual.widgets.option_list import Option
+
+from chatapp.config import BACKENDS, Config, ConfigError
+from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.events import TokenSource
+from chatapp.history import ChatSummary, HistoryError, HistoryStore
+from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
+
+HelpSection = tuple[str, Sequence[tuple[str, str]]]
+
+
+def key_label(keys: str) -> str:
+    """'ctrl+up,alt+up' -> 'ctrl+↑ / alt+↑'."""
+    names = {"up": "↑", "down": "↓", "left": "←", "right": "→", "escape": "Esc",
+             "enter": "Enter", "tab": "Tab", "home": "Home", "end": "End", "delete": "Del"}
+    shown = []
+    for key in keys.split(","):
+        parts = key.strip().split("+")
+        last = parts[-1]
+        last = names.get(last, last.upper() if last.startswith("f") and last[1:].isdigit()
+                         else last)
+        shown.append("+".join(parts[:-1] + [last]))
+    return " / ".join(shown)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key binding, by where it works, and what the token colours mean."""
+
+    BINDINGS = [Binding("escape,f1,q,question_mark", "dismiss", "Close")]
+
+    def __init__(self, sections: Sequence[HelpSection]) -> None:
+        super().__init__()
+        self.sections = sections
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box", classes="dialog"):
+            yield Label("specchat · keys", classes="dialog-title")
+            with VerticalScroll():
+                yield Static(self._table(), id="help-keys")
+                yield Label("Token colours", classes="dialog-heading")
+                pieces: list[tuple[str, TokenSource | None]] = []
+                for source in TokenSource:
+                    pieces += [(f"{source.value:<10}", source),
+                               (f" {TOKEN_MEANINGS[source]}\n", None)]
+                yield TokenText(pieces, id="help-legend")
+            yield Label("Esc closes this help.", classes="dialog-hint")
+
+    def _table(self) -> Text:
+        """Keys and what they do, in two columns (a Rich Text: cheap to render)."""
+        width = max(len(keys) for _, rows in self.sections for keys, _ in rows) + 3
+        text = Text()
+        for index, (title, rows) in enumerate(self.sections):
+            if index:
+                text.append("\n")
+            text.append(title, style="bold underline")
+            text.append("\n")
+            for keys, description in rows:
+                text.append(f"{keys:<{width}}", style="bold")
+                text.append(f"{description}\n")
+        return text
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(result)
+
+
+SETTING_FIELDS = (
+    ("temperature", "Temperature", "0 = greedy"),
+    ("top_p", "Top-p", "(0, 1]; 1 = off"),
+    ("top_k", "Top-k", "0 = off"),
+    ("seed", "Seed", "empty: random"),
+    ("max_tokens", "Max tokens", "longest reply"),
+    ("draft_length", "Draft length K", f"0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto"),
+    ("target", "Target model", "alias or path; changing it reloads"),
+    ("draft", "Draft model", "alias or path; changing it reloads"),
+)
+
+
+class SettingsScreen(ModalScreen[Config | None]):
+    """Sampling, draft length, system prompt and models. Returns the new Config (or None)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="settings-box", classes="dialog"):
+            yield Label("Settings", classes="dialog-title")
+            with VerticalScroll():
+                with Grid(id="settings-grid"):
+                    for name, label, hint in SETTING_FIELDS:
+                        value = getattr(self.config, name)
+                        yield Label(label)
+                        yield Input("" if value is None else str(value), id=f"set-{name}",
+                                    placeholder=hint, tooltip=hint)
+                    yield Label("Backend")
+                    yield Select([(b, b) for b in BACKENDS], value=self.config.backend,
+                                 allow_blank=False, id="set-backend")
+                yield Label("System prompt", classes="dialog-heading")
+                yield TextArea(self.config.system_prompt, id="set-system_prompt",
+                               soft_wrap=True, tab_behavior="focus")
+            yield Label("", id="settings-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save (ctrl+s)", variant="primary", id="settings-save")
+                yield Button("Cancel (Esc)", id="settings-cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#set-temperature", Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "settings-save":
+            self.action_save()
+        else:
+            self.action_cancel()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_save(self) -> None:
+        try:
+            config = self.read_config()
+        except (ConfigError, ValueError) as error:
+            self.query_one("#settings-error", Label).update(Text(str(error)))
+            return
+        self.dismiss(config)
+
+    def read_config(self) -> Config:
+        def text(name: str) -> str:
+            return self.query_one(f"#set-{name}", Input).value.strip()
+
+        def number(name: str, kind: type, label: str) -> float | int:
+            try:
+                return kind(text(name))
+            except ValueError:
+                noun = "a whole number" if kind is int else "a number"
+                raise ValueError(f"{label} must be {noun}, got {text(name)!r}.") from None
+
+        seed = text("seed")
+        values = dict(
+            temperature=number("temperature", float, "Temperature"),
+            top_p=number("top_p", float, "Top-p"),
+            top_k=number("top_k", int, "Top-k"),
+            seed=int(number("seed", int, "Seed")) if seed else None,
+            max_tokens=number("max_tokens", int, "Max tokens"),
+            draft_length=text("draft_length") or "0",
+            target=text("target") or self.config.target,
+            draft=text("draft") or self.config.draft,
+            backend=str(self.query_one("#set-backend", Select).value),
+            system_prompt=self.query_one("#set-system_prompt", TextArea).text,
+        )
+        return dataclasses.replace(self.config, **values)
+
+
+class ChatListScreen(ModalScreen[tuple[str, int] | None]):
+    """Saved chats. Returns ("open", id), ("new", 0) or None; deletes and exports in place."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("n", "new", "New chat"),
+        Binding("d,delete", "delete", "Delete"),
+        Binding("e", "export", "Export to Markdown"),
+    ]
+
+    def __init__(self, history: HistoryStore, current_chat: int | None,
+                 export_dir: object = None) -> None:
+        super().__init__()
+        self.history = history
+        self.current_chat = current_chat
+        self.export_dir = export_dir
+        self._armed_delete: int | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="chats-box", classes="dialog"):
+            yield Label("Chats", classes="dialog-title")
+            yield OptionList(id="chat-list")
+            yield Label("", id="chats-status")
+            yield Label("Enter open · n new · d delete · e export to Markdown · Esc close",
+                        classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.refresh_list()
+        self.query_one(OptionList).focus()
+
+    def refresh_list(self, highlight: int | None = None) -> None:
+        options = self.query_one(OptionList)
+        options.clear_options()
+        chats = self.history.list_chats()
+        for chat in chats:
+            options.add_option(Option(self._describe(chat), id=str(chat.id)))
+        if not chats:
+            options.add_option(Option("No saved chats yet. Press n for a new chat.",
+                                      disabled=True))
+        elif highlight is not None:
+            options.highlighted = min(highlight, len(chats) - 1)
+        else:
+            ids = [c.id for c in chats]
+            options.highlighted = ids.index(self.current_chat) if self.current_chat in ids else 0
+
+    def _describe(self, chat: ChatSummary) -> Text:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
+        current = "  (open)" if chat.id == self.current_chat else ""
+        text = Text(chat.title or "(untitled)", style="bold")
+        text.append(current)
+        count = f"{chat.message_count} message" + ("" if chat.message_count == 1 else "s")
+        text.append(f"\n  {count} · {stamp}", style="dim")
+        if chat.target:
+            text.append(f" · {chat.draft} → {chat.target}", style="dim")
+        return text
+
+    def _highlighted_chat(self) -> int | None:
+        options = self.query_one(OptionList)
+        if options.highlighted is None:
+            return None
+        option = options.get_option_at_index(options.highlighted)
+        return int(option.id) if option.id else None
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        if event.option.id:
+            self.dismiss(("open", int(event.option.id)))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_new(self) -> None:
+        self.dismiss(("new", 0))
+
+    def action_delete(self) -> None:
+        chat_id = self._highlighted_chat()
+        if chat_id is None:
+            return
+        status = self.query_one("#chats-status", Label)
+        if self._armed_delete != chat_id:
+            self._armed_delete = chat_id
+            status.update("Press d again to delete this chat for good.")
+            return
+        index = self.query_one(OptionList).highlighted
+        self.history.delete_chat(chat_id)
+        self._armed_delete = None
+        status.update("Chat deleted.")
+        self.refresh_list(highlight=index)
+
+    def action_export(self) -> None:
+        chat_id = self._highlighted_chat()
+        if chat_id is None:
+            return
+        status = self.query_one("#chats-status", Label)
+        try:
+            path = self.history.export_markdown(chat_id, self.export_dir)  # type: ignore[arg-type]
+        except (OSError, HistoryError) as error:
+            status.update(Text(f"Could not export: {error}"))
+            return
+        status.update(Text(f"Exported to {path}"))
+        self.notify(f"Exported to {path}", title="Chat exported", timeout=10)

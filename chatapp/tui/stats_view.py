@@ -1,0 +1,123 @@
+"""The stats panel's text: a pure function of one turn's ``TurnStats`` (no widget, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rich.style import Style
+from rich.text import Text
+
+from chatapp.stats import TurnStats
+
+BAR_WIDTH = 14
+STYLE_NAMES = ("heading", "muted", "bar", "bar-empty", "draft", "verify", "prompt", "other")
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """What the panel shows besides the numbers: which turn, at which K, how it ended."""
+
+    title: str
+    k_label: str = ""
+    finish_reason: str | None = None  # None while streaming
+    live: bool = False
+
+
+def decode_tokens_per_s(stats: TurnStats) -> float:
+    """Tokens per second of generation, the prompt's processing left out."""
+    decode_s = stats.total_s - stats.prompt_s
+    return stats.tokens / decode_s if decode_s > 0 else 0.0
+
+
+def is_target_only(stats: TurnStats) -> bool:
+    """A turn decoded by the target alone (K = 0 throughout): the baseline for the speedup."""
+    return stats.drafted == 0 and stats.target_calls > 0 and stats.tokens > 0
+
+
+def bar(fraction: float, width: int = BAR_WIDTH) -> tuple[str, str]:
+    """(filled, empty) parts of a bar, in eighths of a cell."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[rest].strip() if rest else ""
+    filled = "█" * full + partial
+    return filled, "░" * (width - len(filled))
+
+
+def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | None = None,
+                 styles: Mapping[str, Style | str] | None = None) -> Text:
+    """The panel for one turn. ``baseline_tps``: decode tok/s of a target-only turn measured in
+    this session, or None when there is none yet."""
+    style = {name: "" for name in STYLE_NAMES} | dict(styles or {})
+    text = Text(no_wrap=False, overflow="fold")
+
+    def line(label: str, value: str = "", note: str = "") -> None:
+        text.append(f"{label:<16}")
+        text.append(value)
+        if note:
+            text.append(f"  {note}", style["muted"])
+        text.append("\n")
+
+    def heading(title: str) -> None:
+        text.append("\n")
+        text.append(title, style["heading"])
+        text.append("\n")
+
+    text.append(info.title, style["heading"])
+    state = "streaming…" if info.live else _ending(info.finish_reason)
+    if state:
+        text.append(f" · {state}", style["muted"])
+    text.append("\n")
+    if info.k_label:
+        text.append(f"draft length K {info.k_label}\n", style["muted"])
+    if stats is None:
+        text.append("\nNo statistics for this message.\n", style["muted"])
+        return text
+
+    heading("Speculation")
+    line("Tokens", f"{stats.tokens}")
+    line("Drafted", f"{stats.drafted}")
+    line("Accepted", f"{stats.accepted}", f"{stats.acceptance_rate:.1%}" if stats.drafted else "")
+    line("Per target call", f"{stats.mean_accepted_length:.2f} tokens",
+         f"{stats.target_calls} target calls")
+    if stats.per_position_accepted:
+        heading("Acceptance by position")
+        for position, rate in enumerate(stats.per_position_accepted, 1):
+            filled, empty = bar(rate)
+            text.append(f"{position:>3} ")
+            text.append(filled, style["bar"])
+            text.append(empty, style["bar-empty"])
+            text.append(f" {rate:4.0%}\n")
+
+    heading("Time")
+    parts = (("draft", stats.draft_s), ("verify", stats.verify_s),
+             ("prompt", stats.prompt_s), ("other", stats.other_s))
+    for name, seconds in parts:
+        share = seconds / stats.total_s if stats.total_s > 0 else 0.0
+        filled, empty = bar(share, 10)
+        text.append(f" {name:<7}")
+        text.append(filled, style[name])
+        text.append(empty, style["bar-empty"])
+        text.append(f" {seconds:6.2f} s {share:4.0%}\n")
+    line(" total", f"{stats.total_s:.2f} s")
+
+    heading("Speed")
+    line("Tokens/s", f"{stats.tokens_per_s:.1f}", f"decode {decode_tokens_per_s(stats):.1f}")
+    line("First token", f"{stats.ttft_s:.2f} s")
+    if not info.live:
+        line("Prompt", f"{stats.prompt_tokens} tok",
+             f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
+    if is_target_only(stats):
+        line("Speedup", "1.00×", "this turn is the target-only baseline")
+    elif baseline_tps:
+        ratio = decode_tokens_per_s(stats) / baseline_tps
+        line("Speedup", f"{ratio:.2f}×", f"vs target-only {baseline_tps:.1f} tok/s (measured)")
+    else:
+        text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target alone.\n",
+                    style["muted"])
+    return text
+
+
+def _ending(finish_reason: str | None) -> str:
+    return {"stop": "done", "length": "cut at max tokens", "cancelled": "stopped",
+            "error": "failed"}.get(finish_reason or "", "")

@@ -1,0 +1,148 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+# -- The chat app (tests/test_tui*.py): fake backends, a recording session, a fake clock ---------
+
+import dataclasses
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+from chatapp.backends.base import ChatMessage
+from chatapp.backends.fake import FakeBackend
+from chatapp.config import Config
+from chatapp.draft_policy import DraftPolicy
+from chatapp.drafting import ModelDrafter
+from chatapp.engine import SpeculativeEngine
+from chatapp.events import Event
+from chatapp.loader import generation_settings
+from chatapp.session import ChatSession, PromptPlan
+
+
+class TuiFakeClock:
+    """A clock that advances a fixed step at every reading: timings are the same on every run."""
+
+    def __init__(self, step: float = 0.01) -> None:
+        self.step = step
+        self.now = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += self.step
+            return self.now
+
+    perf_counter = __call__
+
+
+class RecordingSession(ChatSession):
+    """A ChatSession that keeps every event its streams yield, for comparing with the UI."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.events: list[Event] = []
+        self.turns: list[list[Event]] = []
+
+    def stream(self, messages: Sequence[ChatMessage], policy: DraftPolicy,
+               cancel: threading.Event | None = None) -> tuple[PromptPlan, Iterator[Event]]:
+        plan, events = super().stream(messages, policy, cancel)
+        turn: list[Event] = []
+        self.turns.append(turn)
+
+        def recorded() -> Iterator[Event]:
+            for event in events:
+                self.events.append(event)
+                turn.append(event)
+                yield event
+
+        return plan, recorded()
+
+
+class EndlessFakeBackend(FakeBackend):
+    """A fake target that never ends its turn: replies run to max_tokens (or Esc)."""
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset()
+
+
+def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 4096,
+                     gate: threading.Event | None = None, error: BaseException | None = None,
+                     endless: bool = False,
+                     ) -> Callable[[Config, Callable[[str, float | None], None]], ChatSession]:
+    """A session factory on fake backends (the target exact, the draft noisy)."""
+    target_class = EndlessFakeBackend if endless else FakeBackend
+
+    def factory(config: Config, progress: Callable[[str, float | None], None]) -> ChatSession:
+        progress("Loading target model fake", 0.5)
+        if gate is not None:
+            assert gate.wait(10), "the test never opened the loading gate"
+        if error is not None:
+            raise error
+        engine = SpeculativeEngine(target_class(n_ctx=n_ctx, delay_s=delay_s),
+                                   ModelDrafter(FakeBackend(noise=1.0, n_ctx=n_ctx)))
+        settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
+        return RecordingSession(engine, settings, seed=0)
+
+    return factory
+
+
+@pytest.fixture
+def tui_engine_clock(monkeypatch: pytest.MonkeyPatch) -> TuiFakeClock:
+    """The engine's timings come from a fake clock (deterministic numbers for snapshots)."""
+    import chatapp.engine
+
+    clock = TuiFakeClock()
+    monkeypatch.setattr(chatapp.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+@pytest.fixture
+def tui_make_app(tmp_path):
+    """Build a SpecChatApp on fake backends with a history and export dir under tmp_path."""
+    from chatapp.tui.app import SpecChatApp
+
+    def make(factory=None, config: Config | None = None, **kwargs: object) -> SpecChatApp:
+        config = config or Config(draft_length="3", seed=0, temperature=0.0)
+        kwargs.setdefault("history_path", tmp_path / "data" / "history.sqlite3")
+        kwargs.setdefault("export_dir", tmp_path / "exports")
+        kwargs.setdefault("clock", TuiFakeClock())
+        return SpecChatApp(config, session_factory=factory or tui_fake_factory(), **kwargs)
+
+    return make
+
+
+# Pilot helpers. Pilot.press waits for an idle CPU, which never comes while a reply streams.
+
+async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.01)
+
+
+async def ready(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.session is not None, what="the models")
+    await pilot.pause()
+
+
+async def keys(pilot, *names: str) -> None:
+    """Press keys without Pilot.press's wait for an idle CPU (never idle while a reply streams)."""
+    for name in names:
+        pilot.app.simulate_key(name)
+        await pilot.pause(0.01)
+
+
+async def send(pilot, text: str) -> None:
+    pilot.app.chat_input.text = text
+    await keys(pilot, "enter")
+
+
+async def reply_done(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.turn is None, what="the reply")
+    await pilot.pause()

@@ -1,0 +1,510 @@
+"""Pilot tests of the chat app on fake backends: headless, fast, no real model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chatapp.backends.base import BackendError
+from chatapp.draft_policy import FixedDraftLength
+from chatapp.events import StepEvent, TokenEvent, TokenSource
+from chatapp.history import HistoryStore
+from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
+from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
+from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
+
+SIZE = (120, 40)
+
+
+def views(app, role: str | None = None) -> list[MessageView]:
+    return [v for v in app.query(MessageView) if role is None or v.role == role]
+
+
+def step_events(session) -> list[StepEvent]:
+    return [e for e in session.events if isinstance(e, StepEvent)]
+
+
+async def test_sending_shows_user_and_assistant_messages(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"hi")
+        await keys(pilot, "enter")
+        await reply_done(pilot)
+        user, assistant = views(app)
+        assert (user.role, user.plain) == ("user", "hi")
+        assert assistant.role == "assistant"
+        tokens = [e for e in app.session.events if isinstance(e, TokenEvent)]
+        assert assistant.plain == "".join(e.text for e in tokens) != ""
+        assert assistant.finish_reason in ("stop", "length")
+        assert app.chat_input.text == ""
+        assert "ready" in str(app.query_one("#status").render())
+
+
+async def test_enter_sends_and_ctrl_j_adds_a_newline(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.chat_input.text == "a\nb"
+        await keys(pilot, "enter")
+        await reply_done(pilot)
+        assert views(app, "user")[0].plain == "a\nb"
+
+
+async def test_streamed_tokens_are_styled_by_source(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=80))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "tell me")
+        await reply_done(pilot)
+        widget = views(app, "assistant")[0].query_one(TokenText)
+        events = [e for e in app.session.events if isinstance(e, TokenEvent) and e.text]
+        assert {e.source for e in events} >= {TokenSource.ACCEPTED, TokenSource.RESAMPLED}
+
+        # Every character of the reply lies in exactly one span, styled for its event's source.
+        expected = [e.source.value for e in events for _ in e.text]
+        actual = [None] * len(widget.text.plain)
+        for span in widget.text.spans:
+            for i in range(span.start, span.end):
+                assert actual[i] is None
+                actual[i] = span.style.meta["token"]
+            source = TokenSource(span.style.meta["token"])
+            assert span.style == widget.token_style(source)
+        assert actual == expected
+        assert widget.text.plain == "".join(e.text for e in events)
+
+        # The four sources look different, and the legend uses the same styles.
+        looks = {(widget.token_style(s).color, widget.token_style(s).underline,
+                  widget.token_style(s).bold) for s in TokenSource}
+        assert len(looks) == len(TokenSource)
+        legend = app.query_one(Legend)
+        assert {TokenSource(s.style.meta["token"]) for s in legend.render().spans
+                if s.style.meta} == set(TokenSource)
+
+
+async def test_token_text_appends_without_rebuilding(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await reply_done(pilot)
+        widget = views(app, "assistant")[0].query_one(TokenText)
+        text, spans = widget.text, len(widget.text.spans)
+        widget.append([("more", TokenSource.BONUS)])
+        await pilot.pause()
+        assert widget.text is text  # appended in place, not rebuilt
+        assert len(widget.text.spans) == spans + 1
+        assert widget.text.plain.endswith("more")
+
+
+async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.02, endless=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session = app.session
+        marks: list[tuple[int, int]] = []  # (steps the engine had yielded, K) at each key press
+        change_k = app.action_draft_length
+
+        def marked(delta: int) -> None:
+            change_k(delta)
+            marks.append((len(step_events(session)), app.policy.next_k()))
+            assert f"K {marks[-1][1]}" in str(app.query_one("#status").render())  # at once
+
+        app.action_draft_length = marked
+        await send(pilot, "a long one")
+        await wait_for(pilot, lambda: len(step_events(session)) >= 3, what="three steps")
+        await keys(pilot, "ctrl+up")
+        await wait_for(pilot, lambda: len(step_events(session)) >= marks[-1][0] + 4, what="steps")
+        await keys(pilot, "ctrl+down", "ctrl+down")
+        await wait_for(pilot, lambda: len(step_events(session)) >= marks[-1][0] + 4, what="steps")
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+        steps = step_events(session)
+        assert [k for _, k in marks] == [4, 3, 2]
+        assert all(s.k == 3 for s in steps[:marks[0][0]])
+        bounds = [n for n, _ in marks] + [len(steps)]
+        for (n, k), end in zip(marks, bounds[1:]):
+            # One step may have read K just before the key press; every later one sees the new K.
+            assert all(s.k == k for s in steps[n + 1:end]), (k, [s.k for s in steps])
+        assert views(app, "assistant")[0].k_label == "3→2"
+
+
+async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
+    class Adaptive:  # a policy without ``adjust``, like an auto policy
+        label = "auto(5)"
+
+        def next_k(self) -> int:
+            return 5
+
+        def observe(self, k, accepted, draft_s, verify_s) -> None:
+            pass
+
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.policy.replace(Adaptive())
+        app.update_status()
+        assert "K auto(5)" in str(app.query_one("#status").render())
+        await pilot.press("ctrl+down")
+        assert isinstance(app.policy.inner, FixedDraftLength)
+        assert app.policy.next_k() == 4
+        assert "K 4" in str(app.query_one("#status").render())
+
+
+async def test_escape_stops_the_reply_keeps_and_saves_it(tui_make_app, tmp_path):
+    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.03, endless=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "stop me")
+        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+        reply = views(app, "assistant")[0]
+        assert reply.finish_reason == "cancelled"
+        assert reply.has_class("-stopped")
+        assert "stopped" in str(reply.header.render())
+        tokens = [e for e in app.session.events if isinstance(e, TokenEvent)]
+        assert 0 < len(tokens) < 2000
+        assert reply.plain == "".join(e.text for e in tokens)
+        chat_id = app.chat_id
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    saved = store.messages(chat_id)
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[1].finish_reason == "cancelled"
+    assert saved[1].content == reply.plain
+    assert saved[1].stats.tokens == len(tokens)
+    store.close()
+
+
+async def test_history_is_saved_and_reopened_in_a_new_app(tui_make_app):
+    first = tui_make_app()
+    async with first.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await reply_done(pilot)
+        await send(pilot, "second question")
+        await reply_done(pilot)
+        before = [(v.role, v.plain, v.stats, v.finish_reason, v.k_label) for v in views(first)]
+        runs = [v.query_one(TokenText).runs for v in views(first, "assistant")]
+    second = tui_make_app()
+    async with second.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert views(second) == []
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(second.screen, ChatListScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        after = [(v.role, v.plain, v.stats, v.finish_reason, v.k_label) for v in views(second)]
+        assert after == before
+        assert [v.query_one(TokenText).runs for v in views(second, "assistant")] == runs
+        # The reopened conversation is the context of the next turn.
+        await send(pilot, "third")
+        await reply_done(pilot)
+        plan_messages = [m.content for m in second.transcript]
+        assert plan_messages[0] == "first question" and plan_messages[-2] == "third"
+
+
+async def test_stats_panel_shows_the_turn_and_past_turns_keep_theirs(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await reply_done(pilot)
+        await pilot.press("ctrl+down")  # K 2 for the second turn
+        await send(pilot, "two")
+        await reply_done(pilot)
+        finals = [e.stats for turn in app.session.turns for e in turn if hasattr(e, "stats")]
+        await pilot.press("f2")
+        await pilot.pause()
+        panel = app.stats_panel
+        assert panel.display
+        stats, info = panel.shown
+        assert stats == finals[1] and info.title == "Turn 2" and info.k_label == "2"
+        text = panel.body.render().plain
+        assert f"Drafted         {stats.drafted}" in text
+        assert f"Accepted        {stats.accepted}  {stats.acceptance_rate:.1%}" in text
+        assert f"{stats.mean_accepted_length:.2f} tokens" in text
+        assert f"{stats.tokens_per_s:.1f}" in text
+        for position, rate in enumerate(stats.per_position_accepted, 1):
+            assert f"{position:>3} " in text and f"{rate:4.0%}" in text
+        # Select the first reply with the keyboard: the panel shows its numbers.
+        await pilot.press("tab")
+        assert app.focused is app.conversation
+        await pilot.press("home")
+        await pilot.pause()
+        stats, info = panel.shown
+        assert stats == finals[0] and info.title == "Turn 1" and info.k_label == "3"
+        await pilot.press("escape")  # back to the input; the panel follows the latest again
+        await pilot.pause()
+        assert app.focused is app.chat_input
+        assert panel.shown[0] == finals[1]
+        # A click selects too: the first user message means its reply, turn 1.
+        await pilot.click(views(app, "user")[0])
+        await pilot.pause()
+        assert panel.shown[0] == finals[0]
+        assert views(app, "user")[0].has_class("-selected")
+
+
+async def test_a_target_only_turn_gives_the_measured_speedup(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        await send(pilot, "one")
+        await reply_done(pilot)
+        assert "send a turn at K 0" in app.stats_panel.body.render().plain
+        for _ in range(3):
+            await pilot.press("ctrl+down")
+        await send(pilot, "plain")
+        await reply_done(pilot)
+        assert app.baseline_tps is not None
+        assert "target-only baseline" in app.stats_panel.body.render().plain
+        await pilot.press("ctrl+up", "ctrl+up")
+        await send(pilot, "again")
+        await reply_done(pilot)
+        assert "vs target-only" in app.stats_panel.body.render().plain
+
+
+async def test_a_loading_error_is_shown_and_the_typed_text_kept(tui_make_app):
+    gate = threading.Event()
+    error = BackendError("The target model file is missing. Install it with "
+                         "`pip install '.[models]'`.")
+    app = tui_make_app(tui_fake_factory(gate=gate, error=error))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"why")
+        await pilot.press("enter")  # sent while loading: waits for the models
+        await pilot.pause()
+        assert app.pending == "why"
+        assert views(app, "user")[0].has_class("-queued")
+        gate.set()
+        await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
+        await pilot.pause()
+        assert app.chat_input.text == "why"  # the message went back into the input
+        assert views(app) == []
+        note = app.query_one("#load-error", Note)
+        assert "The target model file is missing" in note.render().plain
+        assert "Traceback" not in note.render().plain
+        assert "load failed" in str(app.query_one("#status").render())
+        await pilot.press("enter")  # sending again keeps the text, says what to do
+        await pilot.pause()
+        assert app.chat_input.text == "why"
+
+
+async def test_a_memory_error_while_loading_is_readable(tui_make_app):
+    app = tui_make_app(tui_fake_factory(error=MemoryError()))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"typed")
+        await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
+        await pilot.pause()
+        assert "Not enough memory" in app.query_one("#load-error", Note).render().plain
+        assert app.chat_input.text == "typed"
+
+
+async def test_a_message_sent_while_loading_goes_out_when_ready(tui_make_app):
+    gate = threading.Event()
+    app = tui_make_app(tui_fake_factory(gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "loading" in str(app.query_one("#status").render())
+        await send(pilot, "early")
+        assert app.pending == "early" and app.chat_input.text == ""
+        gate.set()
+        await ready(pilot)
+        await reply_done(pilot)
+        assert [v.role for v in views(app)] == ["user", "assistant"]
+        assert not views(app, "user")[0].has_class("-queued")
+        assert views(app, "assistant")[0].plain
+
+
+async def test_a_failed_reply_puts_the_text_back(tui_make_app, tmp_path):
+    app = tui_make_app(tui_fake_factory(n_ctx=64))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        long_text = "the speculative draft token " * 20
+        await send(pilot, long_text)
+        await reply_done(pilot)
+        assert app.chat_input.text == long_text
+        assert views(app) == []
+        notes = [n.render().plain for n in app.query(Note)]
+        assert any("context window" in n for n in notes)
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    assert store.list_chats() == []
+    store.close()
+
+
+async def test_dropped_messages_are_announced(tui_make_app):
+    app = tui_make_app(tui_fake_factory(n_ctx=120, max_tokens=30))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for text in ("the first message is here", "a second one", "and a third"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        notes = [n.render().plain for n in app.query(Note)]
+        assert any("left out of the context" in n for n in notes)
+
+
+async def test_highlighting_toggles_to_markdown_and_back(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "x")
+        await reply_done(pilot)
+        reply = views(app, "assistant")[0]
+        await pilot.press("f3")
+        await pilot.pause()
+        assert not reply.tokens.display
+        assert reply.markdown is not None and reply.markdown.display
+        assert reply.markdown.source == reply.plain
+        assert "plain text" in app.query_one(Legend).plain
+        await pilot.press("f3")
+        await pilot.pause()
+        assert reply.tokens.display and not reply.markdown.display
+
+
+async def test_auto_scroll_follows_only_at_the_bottom(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=1500, delay_s=0.002, endless=True))
+    async with app.run_test(size=(60, 20)) as pilot:
+        await ready(pilot)
+        await send(pilot, "long")
+        conversation = app.conversation
+        await wait_for(pilot, lambda: conversation.max_scroll_y > 5, what="overflow")
+        await pilot.pause(0.05)
+        assert conversation.scroll_y == pytest.approx(conversation.max_scroll_y, abs=2)
+        conversation.scroll_home(animate=False)
+        await pilot.pause(0.02)
+        height = conversation.max_scroll_y
+        await wait_for(pilot, lambda: conversation.max_scroll_y > height + 3, what="growth")
+        assert conversation.scroll_y == 0  # the user scrolled up: left alone
+        conversation.scroll_end(animate=False)  # back at the bottom: followed again
+        await pilot.pause(0.02)
+        height = conversation.max_scroll_y
+        await wait_for(pilot, lambda: conversation.max_scroll_y > height + 3, what="growth")
+        await pilot.pause(0.02)
+        assert conversation.scroll_y == pytest.approx(conversation.max_scroll_y, abs=2)
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+
+
+async def test_settings_change_sampling_and_k(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f4")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SettingsScreen)
+        screen.query_one("#set-temperature").value = "0.7"
+        screen.query_one("#set-draft_length").value = "5"
+        screen.query_one("#set-system_prompt").text = "Be brief."
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert not isinstance(app.screen, SettingsScreen)
+        assert app.session.settings.sampling.temperature == 0.7
+        assert app.session.system_prompt == "Be brief."
+        assert app.policy.next_k() == 5
+        status = str(app.query_one("#status").render())
+        assert "T 0.7" in status and "K 5" in status
+        # A bad value is explained in the dialog, which stays open.
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#set-top_p").value = "2"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
+        assert "top_p" in str(app.screen.query_one("#settings-error").render())
+
+
+async def test_new_chat_delete_and_export(tui_make_app, tmp_path):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "keep this")
+        await reply_done(pilot)
+        first_chat = app.chat_id
+        await pilot.press("f9")
+        await pilot.pause()
+        exported = tmp_path / "exports" / f"specchat-{first_chat}-keep-this.md"
+        assert exported.is_file()
+        assert "## You\n\nkeep this" in exported.read_text()
+        assert any(str(exported) in n.message for n in app._notifications)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert views(app) == [] and app.chat_id is None
+        await send(pilot, "another")
+        await reply_done(pilot)
+        assert app.chat_id != first_chat
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert len(app.history.list_chats()) == 2
+        await pilot.press("d", "d")  # the open chat is highlighted: delete it
+        await pilot.pause()
+        assert [c.id for c in app.history.list_chats()] == [first_chat]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.chat_id is None and views(app) == []
+
+
+async def test_help_lists_every_binding(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        keys_shown = [k for _, rows in app.screen.sections for k, _ in rows]
+        for binding in app.BINDINGS:
+            assert key_label(binding.key) in keys_shown
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_quitting_while_loading_waits_for_the_load_and_says_so(tui_make_app):
+    gate = threading.Event()
+    app = tui_make_app(tui_fake_factory(gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+q")
+        assert app.is_running
+        assert "Quitting when the models have loaded" in str(
+            app.query_one("#loading-text").render())
+        gate.set()
+        await wait_for(pilot, lambda: not app.is_running, what="the exit")
+
+
+async def test_markdown_follows_the_stream_when_colours_are_off(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.01, endless=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        await keys(pilot, "f3")  # colours off mid-reply
+        start = len(step_events(app.session))
+        await wait_for(pilot, lambda: len(step_events(app.session)) >= start + 5, what="steps")
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+        await send(pilot, "second")  # a reply that starts with the colours off
+        await wait_for(pilot, lambda: len(app.session.turns) == 2 and len(
+            [e for e in app.session.turns[1] if isinstance(e, StepEvent)]) >= 5, what="steps")
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+        await pilot.pause(0.1)
+        for reply in views(app, "assistant"):
+            assert reply.markdown is not None and reply.markdown.display
+            assert not reply.tokens.display
+            assert reply.markdown.source == reply.plain != ""
+
+
+async def test_escape_takes_back_a_message_waiting_for_the_models(tui_make_app):
+    gate = threading.Event()
+    app = tui_make_app(tui_fake_factory(gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "never mind")
+        assert app.pending == "never mind"
+        await pilot.press("escape")
+        assert app.pending is None and views(app) == []
+        assert app.chat_input.text == "never mind"
+        gate.set()
+        await ready(pilot)
+        assert views(app) == []

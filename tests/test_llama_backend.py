@@ -111,6 +111,7 @@ def test_tokenize_adds_no_bos_and_parses_special_only_when_asked(open_backend) -
 def test_token_bytes_renders_special_tokens(open_backend) -> None:
     backend = open_backend()
     assert backend.token_bytes(2) == b"<|im_end|>"
+    assert backend.token_bytes(-1) == backend.token_bytes(backend.vocab_size) == b""
 
 
 def test_vocab_fingerprint_is_stable(open_backend) -> None:
@@ -231,11 +232,12 @@ def test_speculative_reply_with_rejections_leaves_a_consistent_cache(
     sequence = prompt + [e.id for e in tokens]
     logits = evaluate_sequence(target, sequence, 1)
     assert target.cached_tokens == tuple(sequence)
+    # The fresh reference feeds the reply one token at a time: small batches (up to ~32 tokens on
+    # CPU) give the same arithmetic as single tokens, so any difference would be stale KV state.
     fresh = open_backend()
-    fresh.evaluate(sequence[:-1], 0)
-    expected = fresh.evaluate(sequence[-1:], 1)
-    assert _max_diff(logits, expected) < BATCH_LAYOUT_ATOL
-    assert logits.argmax() == expected.argmax()
+    fresh.evaluate(prompt[:-1], 0)
+    expected = [fresh.evaluate([t], 1) for t in sequence[len(prompt) - 1:]][-1]
+    assert _max_diff(logits, expected) < 1e-3
 
 
 # -- loading errors ---------------------------------------------------------------------------

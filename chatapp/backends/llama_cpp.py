@@ -121,6 +121,8 @@ class LlamaCppBackend:
         ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
         ``llama_decode``. ``use_mmap`` trades resident memory for load time (see the module notes).
         """
+        if n_batch < 1 or n_ctx < 1:
+            raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
         self._path = Path(path)
         check_gguf_file(self._path)
         lib = _lib()
@@ -143,6 +145,7 @@ class LlamaCppBackend:
             raise
         self._cache: list[int] = []
         self._fingerprint: str | None = None
+        self._piece_buf = ctypes.create_string_buffer(64)
         self.uses_fallback_template = False
 
     # -- loading -------------------------------------------------------------------------------
@@ -150,7 +153,11 @@ class LlamaCppBackend:
     def _load_model(self, gpu_layers: int, use_mmap: bool) -> Any:
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
-        params.use_mmap = use_mmap
+        if hasattr(params, "load_mode"):  # llama.cpp replaced use_mmap with load_mode in 2026
+            params.load_mode = (self._lib.LLAMA_LOAD_MODE_MMAP if use_mmap
+                                else self._lib.LLAMA_LOAD_MODE_NONE)
+        else:
+            params.use_mmap = use_mmap
         _log_tail.clear()
         model = self._lib.llama_model_load_from_file(str(self._path).encode(), params)
         if not model:
@@ -232,21 +239,24 @@ class LlamaCppBackend:
             size = -n
 
     def token_bytes(self, token: int) -> bytes:
-        """The raw bytes of ``token`` (special tokens rendered as their text, no space stripped)."""
-        size = 64
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
-            if n >= 0:
-                return buf.raw[:n]
-            size = -n
+        """The raw bytes of ``token`` (special tokens rendered as their text, no space stripped);
+        b"" for an id outside the vocabulary."""
+        if not 0 <= token < self._vocab_size:
+            return b""  # llama.cpp aborts the process on an out-of-range id
+        n = self._lib.llama_token_to_piece(self._vocab, token, self._piece_buf,
+                                           len(self._piece_buf), 0, True)
+        if n < 0:
+            self._piece_buf = ctypes.create_string_buffer(-n)
+            return self.token_bytes(token)
+        return ctypes.string_at(self._piece_buf, n)
 
     def vocab_fingerprint(self) -> str:
-        """sha256 over the token texts in id order, each followed by a NUL byte (cached)."""
+        """sha256 over ``token_bytes`` of every id, each followed by a NUL byte (cached). The
+        transformers backend uses the same definition, so the two backends can be paired."""
         if self._fingerprint is None:
             digest = hashlib.sha256()
             for token in range(self._vocab_size):
-                digest.update(self._lib.llama_vocab_get_text(self._vocab, token) or b"")
+                digest.update(self.token_bytes(token))
                 digest.update(b"\0")
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
@@ -341,6 +351,4 @@ class LlamaCppBackend:
                                f"{n} tokens (this model's cache cannot be partially cleared).")
 
     def _token_text(self, token: int) -> str:
-        if not 0 <= token < self._vocab_size:
-            return ""
         return self.token_bytes(token).decode("utf-8", errors="replace")

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from chatapp.backends.base import Backend
 from chatapp.catalog import resolve_model
 from chatapp.config import Config
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength
-from chatapp.drafting import Drafter, ModelDrafter
+from chatapp.draft_policy import AutoDraftLength, DraftPolicy, FixedDraftLength
+from chatapp.drafting import Drafter
+from chatapp.ngram import DeferredModelDrafter, NgramDrafter, NgramModelDrafter
 from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
 from chatapp.sampling import SamplingParams
@@ -45,15 +46,41 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
                            gpu_layers=config.gpu_layers)
 
 
-def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet) -> Drafter:
-    """The drafter the config asks for; the draft model is checked against the target's vocabulary."""
-    draft = load_backend(config.draft, "draft", config, progress)
-    check_compatible(draft, target)
-    return ModelDrafter(draft)
+def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet,
+                 draft: Backend | None = None) -> Drafter:
+    """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (prompt lookup,
+    no draft model loaded) or "ngram+model". The draft model (``draft`` if given, else loaded) is
+    checked against the target's vocabulary, and only evaluates anything once it is asked to draft
+    (``DeferredModelDrafter``)."""
+    if config.drafter == "ngram":
+        return NgramDrafter(target.vocab_size)
+    if draft is None:
+        draft = load_backend(config.draft, "draft", config, progress)
+        try:
+            check_compatible(draft, target)
+        except Exception:
+            draft.close()
+            raise
+    else:
+        check_compatible(draft, target)
+    model = DeferredModelDrafter(draft)
+    if config.drafter == "ngram+model":
+        return NgramModelDrafter(NgramDrafter(target.vocab_size), model)
+    return model
 
 
-def make_policy(config: Config) -> DraftPolicy:
-    return FixedDraftLength(config.fixed_draft_length or 0)
+def make_policy(config: Config, drafter: Drafter | None = None) -> DraftPolicy:
+    """A fixed K, or for draft_length "auto" an ``AutoDraftLength``. Pass the session's drafter
+    (``session.engine.drafter``) so that drafters with several sources (ngram+model) or free
+    look-ahead (ngram) are advised by the policy; without it the policy still works, it just sees
+    one source."""
+    if config.fixed_draft_length is not None:
+        return FixedDraftLength(config.fixed_draft_length)
+    policy = AutoDraftLength()
+    set_advisor = getattr(drafter, "set_advisor", None)
+    if callable(set_advisor):
+        set_advisor(policy)
+    return policy
 
 
 def generation_settings(config: Config) -> GenerationSettings:

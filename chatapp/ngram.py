@@ -1,0 +1,262 @@
+"""Drafters besides the plain draft model: prompt lookup (n-gram), n-gram then model, and a model
+drafter that only touches the draft model when it is asked to draft.
+
+``NgramDrafter`` (prompt-lookup decoding): the continuation of the most recent earlier occurrence
+of the longest suffix of the context (n-gram sizes ``min_n..max_n``, longest first). It costs no
+model call. Its proposal is deterministic given the context, so its distribution is one-hot and
+verification stays exact at any temperature (acceptance probability p(x)). The index maps every
+n-gram to the end of its most recent occurrence that has a continuation; it is extended with the
+tokens appended since the last call (O(new tokens x sizes)), and rebuilt only when the context is
+not an extension of what it has seen (a new conversation, an edited one).
+
+Because its proposals cost nothing, it can also tell how they would have fared: it replays
+"speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
+reports each would-be step to an ``AutoDraftLength`` (``observe_shadow``), even while the policy
+is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
+one-hot proposal (the target emitted x with probability p(x), which is the acceptance probability),
+so the policy learns the true acceptance rate at K = 0 and switches back on as soon as the text
+starts repeating (code being edited, a quoted passage).
+
+``NgramModelDrafter`` ("ngram+model"): the n-gram proposal when there is a match, else the draft
+model. With an ``AutoDraftLength`` as advisor each source has its own acceptance and cost
+statistics, so on a machine where the draft model does not pay the policy turns the model off and
+keeps the n-gram.
+
+``DeferredModelDrafter``: a ``ModelDrafter`` whose ``prefill`` does nothing; the draft model
+catches up on the first proposal (``evaluate_sequence`` feeds whatever it lacks in one batch).
+When the policy decides not to draft, the draft model never evaluates the prompt at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from chatapp.drafting import ModelDrafter, Proposal
+from chatapp.sampling import SamplingParams
+
+NGRAM_KIND = "ngram"
+MODEL_KIND = "model"
+
+
+class Advisor(Protocol):
+    """What drafters use of ``chatapp.draft_policy.AutoDraftLength``."""
+
+    def advising(self) -> bool: ...
+
+    def k_for(self, kind: str, k: int) -> int: ...
+
+    def observe_shadow(self, kind: str, proposed: int, matched: int) -> None: ...
+
+
+def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
+    """(len(tokens), vocab_size) float64, row i one-hot on tokens[i]."""
+    rows = np.zeros((len(tokens), vocab_size), dtype=np.float64)
+    if len(tokens):
+        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.intp)] = 1.0
+    return rows
+
+
+class NgramIndex:
+    """The tokens seen so far, and for each n-gram the end of its latest occurrence with a
+    continuation (the index of the token that followed it)."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def append(self, token: int) -> None:
+        """Add one token; it becomes the continuation of the n-grams that end just before it."""
+        tokens, end = self.tokens, len(self.tokens)
+        for n in range(self.min_n, min(self.max_n, end) + 1):
+            self._ends[tuple(tokens[end - n:end])] = end
+        tokens.append(token)
+
+    def lookup(self, k: int, tail: Sequence[int] = ()) -> list[int]:
+        """Up to ``k`` tokens continuing ``self.tokens + tail``, by chained longest-suffix lookup.
+
+        When a continuation runs into the end of the known tokens, the lookup starts again from
+        the tokens proposed so far (a repeating pattern continues).
+        """
+        out: list[int] = []
+        tokens = self.tokens
+        while len(out) < k:
+            seq_tail = list(tail) + out
+            end = self._match(seq_tail)
+            if end is None:
+                break
+            take = tokens[end:end + (k - len(out))]
+            if not take:
+                break
+            out.extend(take)
+        return out
+
+    def _match(self, tail: list[int]) -> int | None:
+        """Where the continuation of the longest matched suffix of tokens + tail starts."""
+        tokens = self.tokens
+        length = len(tokens) + len(tail)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            if len(tail) >= n:
+                key = tuple(tail[len(tail) - n:])
+            else:
+                key = tuple(tokens[len(tokens) - (n - len(tail)):]) + tuple(tail)
+            end = self._ends.get(key)
+            if end is not None:
+                return end
+        return None
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``."""
+
+    def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
+                 advisor: Advisor | None = None, kind: str = NGRAM_KIND) -> None:
+        self.vocab_size = vocab_size
+        self.min_n = min_n
+        self.max_n = max_n
+        self.lookahead = lookahead
+        self.advisor = advisor
+        self.kind = kind
+        self._index = NgramIndex(min_n, max_n)
+        self._seen: Any = None  # the context object last synced (the engine appends to it)
+        self._shadow_at = 0  # where the replayed would-be speculation stands
+        self._shadow: list[int] = []  # its pending proposal, made at _shadow_at
+
+    @property
+    def name(self) -> str:
+        return "ngram"
+
+    def set_advisor(self, advisor: Advisor | None) -> None:
+        self.advisor = advisor
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.sync(context, report=False)
+
+    def rollback(self, context: Sequence[int], verified: int) -> None:
+        """Nothing: the index holds emitted tokens only, never drafts."""
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        advisor = self._active_advisor()
+        self.sync(context, report=advisor is not None)
+        tokens = self._index.lookup(k)
+        if tokens and advisor is not None:
+            tokens = tokens[:advisor.k_for(self.kind, len(tokens))]
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size))
+
+    def lookup(self, k: int) -> list[int]:
+        """Up to ``k`` tokens continuing the context of the last ``sync``."""
+        return self._index.lookup(k)
+
+    def sync(self, context: Sequence[int], report: bool) -> None:
+        """Index the tokens of ``context`` not seen yet (rebuild if it is not an extension);
+        with ``report``, tell the advisor how replayed n-gram speculation fared on them."""
+        index = self._index
+        known = len(index)
+        extends = len(context) >= known and (
+            (context is self._seen and (known == 0 or context[known - 1] == index.tokens[-1]))
+            or list(context[:known]) == index.tokens)
+        if not extends:
+            self._index = index = NgramIndex(self.min_n, self.max_n)
+            self._shadow_at, self._shadow = 0, []
+            known = 0
+        self._seen = context
+        advisor = self.advisor if report else None
+        for position in range(known, len(context)):
+            if advisor is not None and position == self._shadow_at and not self._shadow:
+                self._shadow = index.lookup(self.lookahead) or []
+                if not self._shadow:
+                    self._shadow_at += 1  # no match: that step would have been plain
+            index.append(context[position])
+            if advisor is not None and self._shadow:
+                self._settle_shadow(advisor)
+        if not report:  # nothing replayed: start replaying from here next time
+            self._shadow_at, self._shadow = len(index), []
+
+    def _settle_shadow(self, advisor: Advisor) -> None:
+        """Score the pending would-be proposal as far as the emitted tokens allow."""
+        tokens, start, proposal = self._index.tokens, self._shadow_at, self._shadow
+        known = len(tokens) - start
+        matched = 0
+        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
+            matched += 1
+        if matched < len(proposal) and matched == known:
+            return  # every emitted token so far matched; wait for more
+        advisor.observe_shadow(self.kind, len(proposal), matched)
+        self._shadow_at = start + matched + 1  # the target's own token follows the accepted ones
+        self._shadow = []
+
+    def _active_advisor(self) -> Advisor | None:
+        advisor = self.advisor
+        return advisor if advisor is not None and advisor.advising() else None
+
+
+class NgramModelDrafter:
+    """"ngram+model": the n-gram proposal when there is one, else the draft model.
+
+    With ``fill``, an n-gram proposal shorter than ``k`` is topped up by the model, drafting after
+    the n-gram tokens. With an advisor, each source gets the K the advisor gives it (``k_for``),
+    which may be 0; the model is used when the n-gram proposes nothing.
+    """
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False,
+                 advisor: Advisor | None = None) -> None:
+        self.ngram = ngram
+        self.model = model
+        self.fill = fill
+        self.advisor = advisor
+        ngram.set_advisor(advisor)
+
+    @property
+    def name(self) -> str:
+        return f"ngram+{self.model.name}"
+
+    @property
+    def backend(self) -> Any:
+        """The draft model's backend (the one with weights to free)."""
+        return self.model.backend
+
+    def set_advisor(self, advisor: Advisor | None) -> None:
+        self.advisor = advisor
+        self.ngram.set_advisor(advisor)
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.ngram.prefill(context)
+        self.model.prefill(context)
+
+    def rollback(self, context: Sequence[int], verified: int) -> None:
+        self.model.rollback(context, verified)
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        advisor = self.advisor if self.advisor is not None and self.advisor.advising() else None
+        self.ngram.sync(context, report=advisor is not None)
+        tokens = self.ngram.lookup(k)
+        if tokens and advisor is not None:
+            tokens = tokens[:advisor.k_for(NGRAM_KIND, len(tokens))]
+        if tokens:
+            probs = one_hot_rows(tokens, self.ngram.vocab_size)
+            if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
+                return Proposal(tokens, probs)
+            more = self.model.propose(list(context) + tokens, k - len(tokens), params, rng)
+            return Proposal(tokens + more.tokens, np.concatenate([probs, more.probs]))
+        m = advisor.k_for(MODEL_KIND, k) if advisor is not None else k
+        if m <= 0:
+            return Proposal.empty(self.ngram.vocab_size)
+        return self.model.propose(context, m, params, rng)
+
+
+class DeferredModelDrafter(ModelDrafter):
+    """A ``ModelDrafter`` that leaves the draft model alone until it is asked to draft."""
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Nothing: ``propose`` brings the draft model's cache up to date when it is needed."""

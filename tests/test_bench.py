@@ -1,0 +1,104 @@
+"""specchat bench on fake backends: the table, the JSON, ratios against the target-only row."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from chatapp.backends.fake import FakeBackend
+from chatapp.bench import (PROMPTS_PATH, BenchBackends, BenchPrompt, RunSpec, bench_command,
+                           default_specs, geometric_mean, load_prompts, select_prompts)
+from chatapp.config import Config
+
+PROMPTS = [BenchPrompt("one", "code-edit", "the spec token is the draft token"),
+           BenchPrompt("two", "prose", "You and the user")]
+
+
+def run_bench(tmp_path: Path, specs=None, **kwargs) -> tuple[int, str, dict]:
+    out = io.StringIO()
+    backends = BenchBackends(FakeBackend(), FakeBackend(noise=1.0))
+    json_path = tmp_path / "bench.json"
+    code = bench_command(Config(seed=0), json_path, backends=backends, prompts=PROMPTS,
+                         specs=specs, max_tokens=30, out=out, log=io.StringIO(), **kwargs)
+    return code, out.getvalue(), json.loads(json_path.read_text())
+
+
+def test_bench_table_and_json_shape(tmp_path: Path) -> None:
+    specs = default_specs([1, 2])
+    code, table, data = run_bench(tmp_path, specs)
+    assert code == 0
+    names = ["target", "K=1", "K=2", "auto", "ngram auto", "ngram+model auto"]
+    assert [spec.name for spec in specs] == names
+    assert len(data["rows"]) == len(PROMPTS) * len(names)
+    assert [s["config"] for s in data["summary"]] == names
+    assert data["meta"]["max_tokens"] == 30 and data["meta"]["configs"] == names
+    assert data["meta"]["peak_rss_mib"] > 0
+    for name in names:
+        assert any(line.startswith(name + " ") for line in table.splitlines()), name
+    assert "Peak RSS:" in table and "x target, by category" in table
+    row = data["rows"][0]
+    for key in ("prompt", "category", "config", "tokens", "tokens_per_s", "ratio",
+                "acceptance_rate", "mean_accepted_length", "draft_s", "verify_s", "other_s",
+                "same_as_target", "identical", "output"):
+        assert key in row
+
+
+def test_ratios_are_against_the_target_only_row(tmp_path: Path) -> None:
+    _, _, data = run_bench(tmp_path, default_specs([3]))
+    rows = data["rows"]
+    for prompt in PROMPTS:
+        mine = {r["config"]: r for r in rows if r["prompt"] == prompt.id}
+        reference = mine["target"]
+        assert reference["ratio"] == 1.0
+        assert reference["same_as_target"] == reference["tokens"] and reference["identical"]
+        for row in mine.values():
+            assert row["ratio"] == pytest.approx(row["tokens_per_s"] / reference["tokens_per_s"])
+            # greedy on the fake backend: every configuration emits the target-only output
+            assert row["output"] == reference["output"]
+    for summary in data["summary"]:
+        ratios = [r["ratio"] for r in rows if r["config"] == summary["config"]]
+        assert summary["ratio_geomean"] == pytest.approx(geometric_mean(ratios))
+        assert summary["ratio_min"] == pytest.approx(min(ratios))
+
+
+def test_target_row_is_added_when_missing(tmp_path: Path) -> None:
+    _, _, data = run_bench(tmp_path, [RunSpec("ngram")], warmup=False)
+    assert [s["config"] for s in data["summary"]] == ["target", "ngram auto"]
+
+
+def test_fresh_policy_mode(tmp_path: Path) -> None:
+    code, _, data = run_bench(tmp_path, [RunSpec("model")], fresh_policy=True)
+    assert code == 0 and data["meta"]["fresh_policy"] is True
+
+
+def test_spec_parsing() -> None:
+    assert RunSpec.parse("target") == RunSpec(None)
+    assert RunSpec.parse("model:auto") == RunSpec("model", None)
+    assert RunSpec.parse("4") == RunSpec("model", 4)
+    assert RunSpec.parse("ngram+model:auto").name == "ngram+model auto"
+    assert RunSpec.parse("ngram:5").name == "ngram K=5"
+    with pytest.raises(ValueError):
+        RunSpec.parse("llama:3")
+    with pytest.raises(ValueError):
+        RunSpec.parse("model:0")
+
+
+def test_prompt_set_and_selection() -> None:
+    prompts = load_prompts(PROMPTS_PATH)
+    assert len(prompts) >= 12
+    categories = {p.category for p in prompts}
+    assert {"code-write", "code-edit", "prose", "qa"} <= categories
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert len(select_prompts(prompts, "2")) == 2
+    assert {p.category for p in select_prompts(prompts, "code-edit")} == {"code-edit"}
+    with pytest.raises(ValueError):
+        select_prompts(prompts, "nothing-like-this")
+
+
+def test_geometric_mean() -> None:
+    assert geometric_mean([1.0, 4.0]) == pytest.approx(2.0)
+    assert math.isclose(geometric_mean([]), 0.0)

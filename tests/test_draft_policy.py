@@ -1,0 +1,248 @@
+"""AutoDraftLength: the online draft-length controller, driven by simulated steps."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from chatapp.config import Config
+from chatapp.draft_policy import AutoDraftLength, FixedDraftLength, VerifyCostModel
+from chatapp.loader import make_policy
+from chatapp.ngram import NgramDrafter
+
+# verify(n) on the 2-core CPU of MODELS.md, in seconds: 46 ms for 1, 121 for 4, 144 for 6
+CPU_VERIFY = {1: .046, 2: .075, 3: .100, 4: .121, 5: .133, 6: .144, 7: .155, 8: .165, 9: .175}
+
+
+def simulate(policy: AutoDraftLength, steps: int, verify: Callable[[int], float],
+             draft_per_token: float, acceptance: Callable[[int], float],
+             rng: np.random.Generator, noise: float = 0.05) -> list[int]:
+    """Drive ``policy`` for ``steps`` steps; returns the K drafted at each step.
+
+    ``acceptance(step)`` is the i.i.d. per-token acceptance at that step; timings get noise.
+    """
+    ks = []
+    for step in range(steps):
+        k = policy.next_k()
+        a = acceptance(step)
+        accepted = 0
+        while accepted < k and rng.random() < a:
+            accepted += 1
+        draft_s = k * draft_per_token * (1 + noise * abs(rng.standard_normal()))
+        verify_s = verify(k + 1) * (1 + noise * abs(rng.standard_normal()))
+        policy.observe(k, accepted, draft_s, verify_s)
+        ks.append(k)
+    return ks
+
+
+def steep(n: int) -> float:
+    return 0.046 * n  # verification cost proportional to the tokens fed
+
+
+def cheap(n: int) -> float:
+    return 0.050 + 0.001 * n  # a GPU: verifying 9 tokens costs about what 1 does
+
+
+def test_plain_decoding_when_verification_is_steep_and_acceptance_low() -> None:
+    policy = AutoDraftLength()
+    ks = simulate(policy, 300, steep, 0.028, lambda _: 0.3, np.random.default_rng(0))
+    assert policy.current_k() == 0
+    assert policy.label == "auto(0)"
+    assert sum(k > 0 for k in ks[-200:]) <= 10  # a few probes at most
+
+
+def test_seldom_probes_a_draft_model_that_cannot_pay() -> None:
+    # The default pair on the CPU: a draft step costs 0.6 of a target step. Even at 90% acceptance
+    # no K beats plain decoding, so once measured the policy stops drafting, and only checks now
+    # and then (within a quarter of the probe budget) that the costs still hold.
+    policy = AutoDraftLength()
+    ks = simulate(policy, 2000, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
+                  np.random.default_rng(1))
+    assert policy.current_k() == 0
+    assert 1 <= sum(k > 0 for k in ks[20:]) <= 12
+    assert sum(k * 0.028 + CPU_VERIFY[k + 1] - CPU_VERIFY[1] for k in ks[20:]) < (
+        0.01 * sum(CPU_VERIFY[1] for _ in ks[20:]))
+
+
+def test_drafts_long_when_acceptance_high_and_verification_cheap() -> None:
+    policy = AutoDraftLength()
+    ks = simulate(policy, 200, cheap, 0.002, lambda _: 0.9, np.random.default_rng(2))
+    assert policy.current_k() >= 5
+    assert np.mean(ks[-100:]) >= 5
+
+
+def test_prefers_a_moderate_k_on_the_cpu_curve_for_a_free_drafter() -> None:
+    # A free drafter (n-gram) with 90% acceptance on the CPU curve: drafting pays, and more
+    # drafts cost little once a batch is being evaluated anyway.
+    policy = AutoDraftLength()
+    ks = simulate(policy, 300, CPU_VERIFY.__getitem__, 0.00005, lambda _: 0.9,
+                  np.random.default_rng(3))
+    assert np.mean(ks[-100:]) >= 4
+    rates = policy.expected_rates()
+    assert max(rates) > 1.3 * rates[0]
+
+
+def test_beats_every_fixed_k_within_noise() -> None:
+    def speed(policy: object, acceptance: float, draft: float, seed: int) -> float:
+        rng = np.random.default_rng(seed)
+        tokens, seconds = 0, 0.0
+        for _ in range(400):
+            k = policy.next_k()  # type: ignore[attr-defined]
+            accepted = 0
+            while accepted < k and rng.random() < acceptance:
+                accepted += 1
+            d, v = k * draft, CPU_VERIFY[k + 1]
+            policy.observe(k, accepted, d, v)  # type: ignore[attr-defined]
+            tokens += accepted + 1
+            seconds += d + v
+        return tokens / seconds
+
+    for acceptance, draft in ((0.3, 0.0), (0.9, 0.0), (0.8, 0.028)):
+        fixed = max(speed(FixedDraftLength(k), acceptance, draft, 5) for k in range(9))
+        auto = speed(AutoDraftLength(), acceptance, draft, 5)
+        assert auto >= 0.95 * fixed, (acceptance, draft, auto, fixed)
+
+
+def test_recovers_when_acceptance_rises() -> None:
+    policy = AutoDraftLength()
+    rng = np.random.default_rng(4)
+    simulate(policy, 300, CPU_VERIFY.__getitem__, 0.00005, lambda _: 0.15, rng)
+    assert policy.current_k() == 0
+    ks = simulate(policy, 400, CPU_VERIFY.__getitem__, 0.00005, lambda _: 0.95, rng)
+    assert policy.current_k() > 0
+    assert np.mean(ks[-100:]) >= 4  # came back, and to long drafts
+
+
+def test_drops_to_plain_when_acceptance_falls() -> None:
+    policy = AutoDraftLength()
+    rng = np.random.default_rng(5)
+    simulate(policy, 200, CPU_VERIFY.__getitem__, 0.00005, lambda _: 0.95, rng)
+    assert policy.current_k() >= 4
+    ks = simulate(policy, 60, CPU_VERIFY.__getitem__, 0.00005, lambda _: 0.05, rng)
+    assert ks[-20:].count(0) >= 18
+
+
+def test_per_position_acceptance_is_measured_not_assumed_iid() -> None:
+    # Bursty acceptance: the first draft is a coin flip, but once it passes the rest always do.
+    policy = AutoDraftLength(explore_steps=0)
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        k = 6
+        accepted = 6 if rng.random() < 0.5 else 0
+        policy.observe(k, accepted, 0.0, cheap(k + 1))
+    a = policy.acceptance()
+    assert a[0] == pytest.approx(0.5, abs=0.2)
+    assert min(a[1:6]) > 0.9
+    # With i.i.d. 0.5 acceptance K=6 would yield 1.98 tokens; measured per position, 4.
+    rates = policy.expected_rates()
+    assert rates[6] * cheap(7) == pytest.approx(1 + 6 * a[0] * np.prod(a[1:6]) ** 0.5, rel=0.2)
+
+
+def test_explores_first_then_decides() -> None:
+    policy = AutoDraftLength(explore_steps=3, explore_k=3)
+    assert policy.next_k() == 3
+    assert policy.label == "auto(3)"
+    for _ in range(3):
+        policy.observe(3, 0, 3 * 0.028, steep(4))
+        policy.next_k()
+    # after exploring it times plain decoding once, the baseline
+    assert policy.next_k() == 0
+
+
+def test_max_k_zero_is_plain_decoding() -> None:
+    policy = AutoDraftLength(max_k=0)
+    for _ in range(5):
+        assert policy.next_k() == 0
+        policy.observe(0, 0, 0.0, 0.05)
+
+
+def test_label_is_safe_to_read_from_another_thread() -> None:
+    policy = AutoDraftLength()
+    stop = threading.Event()
+    labels: list[str] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            labels.append(policy.label)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        simulate(policy, 300, cheap, 0.002, lambda _: 0.8, np.random.default_rng(7))
+    finally:
+        stop.set()
+        reader.join()
+    assert labels and all(label.startswith("auto(") and label.endswith(")") for label in labels)
+
+
+def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:
+    # A drafter that can score its proposals for free reports them; the policy keeps consulting
+    # it at K = 0 (next_k > 0, k_for 0) and drafts again as soon as its proposals match.
+    policy = AutoDraftLength(explore_steps=0)
+    for _ in range(40):
+        assert policy.next_k() >= 0
+        policy.observe_shadow("ngram", 8, 0)
+        k = policy.k_for("ngram", 8)
+        policy.observe(k, 0, 0.0, CPU_VERIFY[k + 1])
+    assert policy.current_k("ngram") == 0
+    assert policy.next_k() > 0  # still consulted
+    assert policy.k_for("ngram", 8) == 0
+    policy.observe(0, 0, 0.0, CPU_VERIFY[1])
+    for _ in range(8):
+        policy.next_k()
+        policy.observe_shadow("ngram", 8, 8)
+        k = policy.k_for("ngram", 8)
+        policy.observe(k, k, 0.0, CPU_VERIFY[k + 1])
+    assert policy.current_k("ngram") >= 4
+
+
+def test_kinds_keep_their_own_statistics() -> None:
+    # "model" is costly and mediocre, "ngram" free and good: only the n-gram drafts.
+    policy = AutoDraftLength()
+    rng = np.random.default_rng(8)
+    for step in range(300):
+        policy.next_k()
+        kind = "ngram" if step % 2 else "model"
+        k = policy.k_for(kind, 8)
+        a = 0.9 if kind == "ngram" else 0.6
+        accepted = 0
+        while accepted < k and rng.random() < a:
+            accepted += 1
+        cost = 0.028 if kind == "model" else 0.00005
+        policy.observe(k, accepted, k * cost, CPU_VERIFY[k + 1])
+    assert policy.current_k("model") == 0
+    assert policy.current_k("ngram") >= 3
+
+
+def test_one_slow_step_does_not_swing_the_verify_cost() -> None:
+    model = VerifyCostModel(9)
+    for _ in range(20):
+        model.observe(1, 0.046)
+    model.observe(1, 5.0)  # the machine was busy
+    assert model.predict(1) < 0.046 * 2.1
+
+
+def test_verify_cost_extrapolates_from_few_observations() -> None:
+    model = VerifyCostModel(9)
+    assert model.predict(1) is None
+    for _ in range(10):
+        model.observe(1, 0.046)
+        model.observe(4, 0.121)
+    predicted = [model.predict(n) for n in range(1, 10)]
+    assert predicted == sorted(predicted)
+    assert predicted[0] == pytest.approx(0.046, rel=0.05)
+    assert predicted[3] == pytest.approx(0.121, rel=0.05)
+    assert predicted[5] == pytest.approx(0.144, rel=0.15)  # the measured 6-token cost
+
+
+def test_make_policy_wires_auto_and_advises_drafters() -> None:
+    assert isinstance(make_policy(Config(draft_length="3")), FixedDraftLength)
+    assert make_policy(Config(draft_length="0")).next_k() == 0
+    drafter = NgramDrafter(vocab_size=50)
+    policy = make_policy(Config(draft_length="auto"), drafter)
+    assert isinstance(policy, AutoDraftLength)
+    assert drafter.advisor is policy
+    assert isinstance(make_policy(Config(draft_length="auto")), AutoDraftLength)

@@ -1,0 +1,229 @@
+"""Prompt-lookup drafting (n-gram), n-gram + model, and how the loader wires them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import chatapp.loader as loader
+from chatapp.backends.fake import FakeBackend
+from chatapp.config import Config
+from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
+from chatapp.drafting import ModelDrafter
+from chatapp.engine import GenerationSettings, SpeculativeEngine
+from chatapp.events import DoneEvent, TokenEvent
+from chatapp.ngram import (DeferredModelDrafter, NgramDrafter, NgramIndex, NgramModelDrafter,
+                           one_hot_rows)
+from chatapp.sampling import SamplingParams, probabilities
+from tests.stat_tools import fits
+
+GREEDY = SamplingParams()
+RNG = np.random.default_rng(0)
+
+
+def index_of(tokens: list[int], min_n: int = 1, max_n: int = 4) -> NgramIndex:
+    index = NgramIndex(min_n, max_n)
+    for token in tokens:
+        index.append(token)
+    return index
+
+
+def test_proposes_the_continuation_of_the_longest_match() -> None:
+    # "3 4" occurs twice: after "1 2 3 4" comes 5 and after "9 3 4" comes 6. The context ends in
+    # "2 3 4": the 3-gram match wins over the more recent 2-gram one.
+    index = index_of([1, 2, 3, 4, 5, 9, 3, 4, 6, 7, 2, 3, 4])
+    assert index.lookup(3) == [5, 9, 3]
+
+
+def test_prefers_the_most_recent_of_equally_long_matches() -> None:
+    index = index_of([1, 2, 7, 1, 2, 8, 1, 2])
+    assert index.lookup(1) == [8]
+
+
+def test_no_match_proposes_nothing() -> None:
+    assert index_of([1, 2, 3, 4]).lookup(4) == []
+    assert index_of([]).lookup(4) == []
+
+
+def test_a_repeating_pattern_continues_past_the_end() -> None:
+    assert index_of([5, 6, 7, 5, 6, 7, 5]).lookup(6) == [6, 7, 5, 6, 7, 5]
+    assert index_of([9, 9, 9]).lookup(4) == [9, 9, 9, 9]
+
+
+def test_min_n_ignores_short_matches() -> None:
+    assert index_of([1, 2, 3, 4, 1], min_n=2).lookup(2) == []
+    assert index_of([1, 2, 3, 4, 1], min_n=1).lookup(2) == [2, 3]
+
+
+def test_proposal_rows_are_one_hot() -> None:
+    drafter = NgramDrafter(vocab_size=20)
+    proposal = drafter.propose([1, 2, 3, 1, 2], 4, GREEDY, RNG)
+    assert proposal.tokens == [3, 1, 2, 3]
+    assert proposal.probs.shape == (4, 20) and proposal.probs.dtype == np.float64
+    assert np.array_equal(proposal.probs.sum(axis=1), np.ones(4))
+    assert all(proposal.probs[i, t] == 1.0 for i, t in enumerate(proposal.tokens))
+    assert one_hot_rows([], 20).shape == (0, 20)
+
+
+def test_index_follows_a_growing_context_and_rebuilds_for_another() -> None:
+    drafter = NgramDrafter(vocab_size=20)
+    context = [1, 2, 3, 4]
+    drafter.prefill(context[:-1])
+    assert drafter.propose(context, 3, GREEDY, RNG).tokens == []
+    context += [1, 2]  # the engine appends to the same list
+    assert drafter.propose(context, 3, GREEDY, RNG).tokens == [3, 4, 1]
+    other = [7, 8, 9, 7]  # a different conversation: not an extension
+    assert drafter.propose(other, 2, GREEDY, RNG).tokens == [8, 9]
+    edited = [1, 2, 3, 4, 1, 5, 1]  # shares a prefix, then differs
+    assert drafter.propose(edited, 1, GREEDY, RNG).tokens == [5]
+
+
+def test_incremental_index_equals_a_fresh_one() -> None:
+    rng = np.random.default_rng(1)
+    tokens = list(rng.integers(0, 6, size=300))
+    drafter = NgramDrafter(vocab_size=6)
+    context: list[int] = []
+    for token in tokens:
+        context.append(int(token))
+        got = drafter.propose(context, 5, GREEDY, RNG).tokens
+        assert got == index_of(context).lookup(5)
+
+
+def _run(engine: SpeculativeEngine, prompt: list[int], policy, max_tokens: int = 80,
+         sampling: SamplingParams = GREEDY, seed: int = 0) -> tuple[list[int], DoneEvent]:
+    out, done = [], None
+    for event in engine.generate(prompt, GenerationSettings(sampling, max_tokens),
+                                 np.random.default_rng(seed), policy):
+        if isinstance(event, TokenEvent):
+            out.append(event.id)
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None
+    return out, done
+
+
+PROMPT = FakeBackend().tokenize("user: the speculative draft token is the target token\n"
+                                "assistant: ")
+
+
+@pytest.mark.parametrize("policy_factory", [lambda: FixedDraftLength(4), AutoDraftLength])
+def test_greedy_output_equals_target_only(policy_factory) -> None:
+    # The fake model's greedy output falls into a cycle (period 57) after about 90 tokens, which
+    # prompt lookup predicts perfectly from about 150 tokens on. The target sleeps 1 ms per call,
+    # so that verifying several tokens costs about what one does (as on a GPU) and drafting pays.
+    reference, _ = _run(SpeculativeEngine(FakeBackend()), PROMPT, FixedDraftLength(0), 300)
+    drafter = NgramDrafter(FakeBackend().vocab_size)
+    policy = policy_factory()
+    if isinstance(policy, AutoDraftLength):
+        drafter.set_advisor(policy)
+    target = FakeBackend(delay_s=0.001)
+    out, done = _run(SpeculativeEngine(target, drafter), PROMPT, policy, 300)
+    assert out == reference
+    assert done.stats.accepted > 100
+    assert done.stats.target_calls < 200
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_ngram_plus_model_greedy_output_equals_target_only(fill: bool) -> None:
+    reference, _ = _run(SpeculativeEngine(FakeBackend()), PROMPT, FixedDraftLength(0))
+    drafter = NgramModelDrafter(NgramDrafter(FakeBackend().vocab_size),
+                                DeferredModelDrafter(FakeBackend(noise=1.0)), fill=fill)
+    out, done = _run(SpeculativeEngine(FakeBackend(), drafter), PROMPT, FixedDraftLength(3))
+    assert out == reference
+    assert done.stats.drafted > 0
+    # and advised by an auto policy, across two turns
+    policy = AutoDraftLength()
+    drafter.set_advisor(policy)
+    engine = SpeculativeEngine(FakeBackend(), drafter)
+    for _ in range(2):
+        out, _ = _run(engine, PROMPT, policy)
+        assert out == reference
+
+
+def test_ngram_plus_model_uses_the_model_when_there_is_no_match() -> None:
+    model = ModelDrafter(FakeBackend(noise=1.0))
+    drafter = NgramModelDrafter(NgramDrafter(FakeBackend().vocab_size), model)
+    proposal = drafter.propose([1, 2, 3, 4], 3, GREEDY, RNG)
+    assert len(proposal.tokens) == 3  # from the model
+    proposal = drafter.propose([1, 2, 3, 1, 2], 3, GREEDY, RNG)
+    assert proposal.tokens == [3, 1, 2]  # from the n-gram
+    assert np.array_equal(proposal.probs, one_hot_rows([3, 1, 2], FakeBackend().vocab_size))
+
+
+def test_deferred_drafter_touches_the_draft_model_only_when_drafting() -> None:
+    draft = FakeBackend(noise=1.0)
+    engine = SpeculativeEngine(FakeBackend(), DeferredModelDrafter(draft))
+    _run(engine, PROMPT, FixedDraftLength(0), max_tokens=10)
+    assert draft.evaluate_calls == []
+    _run(engine, PROMPT, FixedDraftLength(2), max_tokens=10)
+    assert draft.evaluate_calls
+
+
+def test_shadow_scoring_reports_would_be_acceptance() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.reports: list[tuple[int, int]] = []
+
+        def advising(self) -> bool:
+            return True
+
+        def k_for(self, kind: str, k: int) -> int:
+            return 0
+
+        def observe_shadow(self, kind: str, proposed: int, matched: int) -> None:
+            self.reports.append((proposed, matched))
+
+    recorder = Recorder()
+    drafter = NgramDrafter(vocab_size=20, lookahead=3, advisor=recorder)
+    context = [1, 2, 3, 4, 9]
+    drafter.prefill(context)
+    # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...
+    context += [1, 2, 3, 4, 5, 1, 2, 7]
+    assert drafter.propose(context, 3, GREEDY, RNG).tokens == []  # k_for said 0
+    # at "9 1": lookup of "1" gives 2 3 4 -> all matched (3/3); 5 is the target's token;
+    # at "...5 1": lookup "5 1"? no; "1" -> most recent continuation 2 3 4: 2 matches, 7 not.
+    assert recorder.reports == [(3, 3), (3, 1)]
+
+
+def test_make_drafter_ngram_does_not_load_a_draft_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the n-gram drafter must not load a model")
+
+    monkeypatch.setattr(loader, "load_backend", refuse)
+    drafter = loader.make_drafter(Config(drafter="ngram"), FakeBackend())
+    assert isinstance(drafter, NgramDrafter)
+
+
+def test_make_drafter_model_kinds() -> None:
+    target, draft = FakeBackend(), FakeBackend(noise=1.0)
+    model = loader.make_drafter(Config(drafter="model"), target, draft=draft)
+    assert isinstance(model, DeferredModelDrafter) and model.backend is draft
+    both = loader.make_drafter(Config(drafter="ngram+model"), target, draft=draft)
+    assert isinstance(both, NgramModelDrafter) and both.backend is draft
+
+
+def test_first_token_distribution_matches_target_only_when_sampling() -> None:
+    """At temperature 1 the n-gram's one-hot proposals leave the output distribution exact."""
+    target = FakeBackend()
+    sampling = SamplingParams(temperature=1.0)
+    # A prompt "a b c a b" makes the n-gram propose c; pick one where p(c) is neither ~0 nor ~1,
+    # so that both acceptance and the residual resampling are exercised.
+    for a, b, c in ((a, b, c) for a in range(1, 9) for b in range(1, 9) for c in range(1, 9)):
+        prompt = [a, b, c, a, b]
+        p = probabilities(target.evaluate(prompt, 1)[0], sampling)
+        target.truncate(0)
+        if 0.2 < p[c] < 0.8:
+            break
+    else:
+        pytest.fail("no suitable prompt")
+    engine = SpeculativeEngine(target, NgramDrafter(target.vocab_size))
+    samples = 3000
+    counts = np.zeros(target.vocab_size)
+    accepted = 0
+    for seed in range(samples):
+        out, done = _run(engine, prompt, FixedDraftLength(3), max_tokens=2, sampling=sampling,
+                         seed=seed)
+        counts[out[0]] += 1
+        accepted += done.stats.accepted > 0
+    assert 0 < accepted < samples
+    assert fits(counts, p)

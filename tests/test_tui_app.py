@@ -40,6 +40,8 @@ async def test_sending_shows_user_and_assistant_messages(tui_make_app):
         assert assistant.finish_reason in ("stop", "length")
         assert app.chat_input.text == ""
         assert "ready" in str(app.query_one("#status").render())
+        target = app.session.engine.target
+    assert target.cached_tokens == ()  # the models are released when the app ends
 
 
 async def test_enter_sends_and_ctrl_j_adds_a_newline(tui_make_app):
@@ -508,3 +510,33 @@ async def test_escape_takes_back_a_message_waiting_for_the_models(tui_make_app):
         gate.set()
         await ready(pilot)
         assert views(app) == []
+
+
+async def test_changing_the_models_in_settings_reloads_them(tui_make_app):
+    calls = []
+    good = tui_fake_factory()
+
+    def factory(config, progress):
+        calls.append(config.target)
+        if config.target == "no-such-model":
+            raise BackendError("Unknown model 'no-such-model'. See `specchat models`.")
+        return good(config, progress)
+
+    app = tui_make_app(factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.session
+        await pilot.press("f4")
+        app.screen.query_one("#set-target").value = "no-such-model"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
+        assert app.session is None
+        assert "Unknown model 'no-such-model'" in app.query_one("#load-error", Note).render().plain
+        await pilot.press("f4")
+        app.screen.query_one("#set-target").value = "fake-target"
+        await pilot.press("ctrl+s")
+        await ready(pilot)
+        assert app.session is not first and app.load_error is None
+        assert not app.query("#load-error")
+        assert "target fake-target" in str(app.query_one("#status").render())
+        assert calls[1:] == ["no-such-model", "fake-target"]

@@ -9,6 +9,7 @@ worker thread too, which posts one message per speculation step (never per chara
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -27,7 +28,7 @@ from textual.worker import get_current_worker
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, FixedDraftLength
+from chatapp.draft_policy import MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.loader import LoadProgress as ProgressCallback
@@ -107,6 +108,7 @@ class SpecChatApp(App[int]):
         self.history: HistoryStore | None = None
         self.session: ChatSession | None = None
         self.policy = SwitchablePolicy(make_policy(config))
+        self._policy_from_config = True  # replaced by one that knows the drafter once loaded
         self.chat_id: int | None = None
         self.transcript: list[ChatMessage] = []  # the open chat, as sent to the model
         self.turn: Turn | None = None  # the reply streaming now
@@ -251,6 +253,8 @@ class SpecChatApp(App[int]):
         if self._quit_when_loaded:
             self.exit()
             return
+        if self._policy_from_config:
+            self.policy.replace(_make_policy(self.config, self.session.engine.drafter))
         self.baseline_tps = None  # a new pair: measure the target alone again
         self.query_one("#loading").display = False
         self.update_status()
@@ -525,7 +529,10 @@ class SpecChatApp(App[int]):
 
     def action_draft_length(self, delta: int) -> None:
         current = self.turn.last_k if self.turn is not None else None
+        before = self.policy.inner
         k = self.policy.adjust(delta, current)
+        if self.policy.inner is not before:
+            self._policy_changed()
         if self.session is not None and self.session.engine.drafter is None and k > 0:
             self.notify("No draft model is loaded, so the target decodes alone. Reload with a "
                         "draft model (F4) to speculate.", severity="warning")
@@ -538,10 +545,26 @@ class SpecChatApp(App[int]):
             inner.set(k)
         else:
             self.policy.replace(FixedDraftLength(min(max(k, 0), MAX_DRAFT_LENGTH)))
+            self._policy_changed()
         self.update_status()
 
+    def _install_policy(self, config: Config) -> None:
+        """The policy ``config`` asks for, told about the loaded drafter (if any)."""
+        drafter = self.session.engine.drafter if self.session is not None else None
+        self._policy_changed()
+        self.policy.replace(_make_policy(config, drafter))
+        self._policy_from_config = self.session is None
+
+    def _policy_changed(self) -> None:
+        """A policy stops advising the drafter once it is replaced (a fixed K gives no advice)."""
+        self._policy_from_config = False
+        drafter = self.session.engine.drafter if self.session is not None else None
+        set_advisor = getattr(drafter, "set_advisor", None)
+        if callable(set_advisor):
+            set_advisor(None)
+
     def set_auto_draft_length(self) -> None:
-        self.policy.replace(make_policy(dataclasses.replace(self.config, draft_length="auto")))
+        self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
         self.update_status()
 
     def action_toggle_stats(self) -> None:
@@ -595,7 +618,7 @@ class SpecChatApp(App[int]):
             return
         old, self.config = self.config, config
         if config.draft_length != old.draft_length:
-            self.policy.replace(make_policy(config))
+            self._install_policy(config)
         if self.session is not None:
             self.session.settings = generation_settings(config)
             self.session.system_prompt = config.system_prompt
@@ -728,10 +751,20 @@ class SpecChatApp(App[int]):
             self.history.close()
 
 
+def _make_policy(config: Config, drafter: object) -> DraftPolicy:
+    """``loader.make_policy``, passing the drafter where the loader takes it (an auto policy
+    then advises drafters with several sources)."""
+    if len(inspect.signature(make_policy).parameters) > 1:
+        return make_policy(config, drafter)  # type: ignore[call-arg]
+    return make_policy(config)
+
+
 def _close_session(session: ChatSession) -> None:
     """Release both models; best effort (the process may be exiting)."""
     engine = session.engine
-    backends = [engine.target, getattr(engine.drafter, "backend", None)]
+    drafter = engine.drafter
+    model_drafter = getattr(drafter, "model", drafter)  # ngram+model wraps the model drafter
+    backends = [engine.target, getattr(model_drafter, "backend", None)]
     for backend in backends:
         close = getattr(backend, "close", None)
         if callable(close):

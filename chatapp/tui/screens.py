@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from chatapp.config import BACKENDS, Config, ConfigError
+from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
@@ -86,6 +86,7 @@ SETTING_FIELDS = (
     ("draft_length", "Draft length K", f"0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto"),
     ("target", "Target model", "alias or path; changing it reloads"),
     ("draft", "Draft model", "alias or path; changing it reloads"),
+    ("n_ctx", "Context", "tokens; changing it reloads"),
 )
 
 
@@ -111,6 +112,9 @@ class SettingsScreen(ModalScreen[Config | None]):
                     yield Label("Backend")
                     yield Select([(b, b) for b in BACKENDS], value=self.config.backend,
                                  allow_blank=False, id="set-backend")
+                    yield Label("Drafter")
+                    yield Select([(d, d) for d in DRAFTERS], value=self.config.drafter,
+                                 allow_blank=False, id="set-drafter")
                 yield Label("System prompt", classes="dialog-heading")
                 yield TextArea(self.config.system_prompt, id="set-system_prompt",
                                soft_wrap=True, tab_behavior="focus")
@@ -160,7 +164,9 @@ class SettingsScreen(ModalScreen[Config | None]):
             draft_length=text("draft_length") or "0",
             target=text("target") or self.config.target,
             draft=text("draft") or self.config.draft,
+            n_ctx=number("n_ctx", int, "Context"),
             backend=str(self.query_one("#set-backend", Select).value),
+            drafter=str(self.query_one("#set-drafter", Select).value),
             system_prompt=self.query_one("#set-system_prompt", TextArea).text,
         )
         return dataclasses.replace(self.config, **values)

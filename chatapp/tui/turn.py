@@ -61,10 +61,16 @@ class Turn:
         return replace(live, ttft_s=ttft)
 
     def k_label(self, start_label: str) -> str:
-        """The draft length the reply used: the label it started with, or "3→5" when the user
-        changed a fixed K while it streamed."""
+        """The draft length the reply used: the fixed K ("3"), "3→5" when the user changed it
+        while the reply streamed, or for an adaptive policy the range it chose ("auto 2–5")."""
         ks = [step.k for step in self.steps]
-        if not start_label.isdigit() or not ks or min(ks) == max(ks) == int(start_label):
+        if not ks:
+            return start_label
+        if not start_label.isdigit():  # an adaptive policy: the range of K it chose
+            name = start_label.split("(")[0]
+            low, high = min(ks), max(ks)
+            return f"{name} {low}" if low == high else f"{name} {low}–{high}"
+        if min(ks) == max(ks) == int(start_label):
             return start_label
         return f"{start_label}→{ks[-1]}"
 

@@ -93,12 +93,23 @@ async def test_token_text_appends_without_rebuilding(tui_make_app):
         await send(pilot, "go")
         await reply_done(pilot)
         widget = views(app, "assistant")[0].query_one(TokenText)
-        text, spans = widget.text, len(widget.text.spans)
-        widget.append([("more", TokenSource.BONUS)])
+        text, spans = widget.text, list(widget.text.spans)
+        assert len(spans) > 3
+        widget.append([("more", TokenSource.TARGET), ("!", TokenSource.TARGET),
+                       ("?", TokenSource.BONUS)])
         await pilot.pause()
         assert widget.text is text  # appended in place, not rebuilt
-        assert len(widget.text.spans) == spans + 1
-        assert widget.text.plain.endswith("more")
+        assert widget.text.plain.endswith("more!?")
+        end = len(widget.text)
+        # One span per run of a source, exactly as a text built at once has.
+        assert widget.text.spans[:len(spans) - 1] == spans[:-1]
+        assert [(s.end, s.style.meta["token"]) for s in widget.text.spans[-2:]] == [
+            (end - 1, "target"), (end, "bonus")]
+        fresh = TokenText(widget.runs)
+        await app.mount(fresh)
+        await pilot.pause()
+        assert [(s.start, s.end, s.style.meta["token"]) for s in fresh.render().spans] == [
+            (s.start, s.end, s.style.meta["token"]) for s in widget.text.spans]
 
 
 async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
@@ -540,3 +551,42 @@ async def test_changing_the_models_in_settings_reloads_them(tui_make_app):
         assert not app.query("#load-error")
         assert "target fake-target" in str(app.query_one("#status").render())
         assert calls[1:] == ["no-such-model", "fake-target"]
+
+
+async def test_a_new_chat_mid_reply_stops_it_and_saves_it_to_its_own_chat(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.01, endless=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "old chat")
+        old_chat = app.chat_id
+        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        await keys(pilot, "ctrl+n")
+        await wait_for(pilot, lambda: views(app) == [], what="the empty chat")
+        assert app.chat_id is None
+        await reply_done(pilot)
+        assert views(app) == [] and app.transcript == []
+        saved = app.history.messages(old_chat)
+        assert [(m.role, m.finish_reason) for m in saved] == [("user", None),
+                                                              ("assistant", "cancelled")]
+        await send(pilot, "new chat")
+        await wait_for(pilot, lambda: len(app.session.turns) == 2, what="the second reply")
+        await keys(pilot, "escape")
+        await reply_done(pilot)
+        assert app.chat_id != old_chat
+        assert [m.content for m in app.transcript][:1] == ["new chat"]
+
+
+async def test_quitting_mid_reply_saves_the_partial_reply(tui_make_app, tmp_path):
+    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.01, endless=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "quit on me")
+        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        chat_id = app.chat_id
+        await keys(pilot, "ctrl+q")
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
+    saved = store.messages(chat_id)
+    assert [(m.role, m.finish_reason) for m in saved] == [("user", None),
+                                                          ("assistant", "cancelled")]
+    assert saved[1].content and saved[1].stats.tokens > 0
+    store.close()

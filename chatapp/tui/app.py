@@ -233,7 +233,7 @@ class SpecChatApp(App[int]):
             self.post_message(SessionLoaded(session, generation))
 
     def on_load_progress(self, message: LoadProgress) -> None:
-        if self.session is not None:
+        if self.session is not None or not self.is_running:
             return
         self._load_state = (message.text, message.fraction)
         percent = f"  {message.fraction:.0%}" if message.fraction is not None else "…"
@@ -246,7 +246,7 @@ class SpecChatApp(App[int]):
         self.update_status()
 
     def on_session_loaded(self, message: SessionLoaded) -> None:
-        if message.generation != self._load_generation:
+        if message.generation != self._load_generation or not self.is_running:
             _close_session(message.session)
             return
         self.session = message.session
@@ -263,7 +263,7 @@ class SpecChatApp(App[int]):
             self._start_turn(text, queued=True)
 
     def on_load_failed(self, message: LoadFailed) -> None:
-        if message.generation != self._load_generation:
+        if message.generation != self._load_generation or not self.is_running:
             return
         self.load_error = message.error
         if self._quit_when_loaded:
@@ -291,7 +291,10 @@ class SpecChatApp(App[int]):
         if not text.strip():
             return
         if self.turn is not None:
-            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            if self.turn.cancel.is_set():
+                self.notify("The last reply is stopping; send again in a moment.")
+            else:
+                self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return
         if self.pending is not None:
             self.notify("Your last message is waiting for the models.", severity="warning")
@@ -321,7 +324,7 @@ class SpecChatApp(App[int]):
         chat_id, user_message_id = self._save_user_message(text)
         turn = Turn(messages=[*self.transcript, ChatMessage("user", text)], user_text=text,
                     started_at=self.clock(), chat_id=chat_id, user_message_id=user_message_id,
-                    meta=self._turn_meta(), epoch=self._epoch)
+                    meta=self._turn_meta(), epoch=self._epoch, k_start=self.policy.label)
         self.transcript = list(turn.messages)
         self.turn = turn
         view = MessageView("assistant", k_label=self.policy.label, highlight=self.highlight,
@@ -391,6 +394,8 @@ class SpecChatApp(App[int]):
             self.post_message(ReplyFailed(turn, describe_error(error)))
 
     def on_reply_planned(self, message: ReplyPlanned) -> None:
+        if not self.is_running:
+            return
         turn = message.turn
         turn.dropped_messages = message.dropped_messages
         turn.recorder.prompt_tokens = message.prompt_tokens
@@ -404,12 +409,14 @@ class SpecChatApp(App[int]):
     def on_reply_step(self, message: ReplyStep) -> None:
         turn = message.turn
         turn.add_step(message.pieces, message.step, self.clock())
+        if not self.is_running:
+            return
         if len(turn.steps) == 1 and message.step is not None:
             # Live estimate of the prompt's time (the engine's own figure comes with the end).
             first_step_s = message.step.draft_s + message.step.verify_s
             turn.recorder.prompt_s = max(0.0, self.clock() - turn.started_at - first_step_s)
         view: MessageView = turn.view
-        view.k_label = turn.k_label(turn.meta["k"])
+        view.k_label = turn.k_label()
         if view.is_attached:
             view.append(message.pieces)
             view.update_header(turn.stats(self.clock()))
@@ -421,6 +428,9 @@ class SpecChatApp(App[int]):
         turn = message.turn
         turn.final_stats = message.stats
         turn.finish_reason = message.finish_reason
+        if not self.is_running:  # quitting: save what there is, leave the widgets alone
+            self._save_turn(turn, message.finish_reason, message.stats)
+            return
         self._finish_turn(turn, message.finish_reason, message.stats)
         if is_target_only(message.stats) and message.stats.tokens >= MIN_BASELINE_TOKENS:
             self.baseline_tps = decode_tokens_per_s(message.stats)
@@ -428,6 +438,10 @@ class SpecChatApp(App[int]):
     def on_reply_failed(self, message: ReplyFailed) -> None:
         turn = message.turn
         turn.finish_reason = "error"
+        if not self.is_running:
+            if turn.text:
+                self._save_turn(turn, "error", turn.stats(self.clock()))
+            return
         view: MessageView = turn.view
         shown = self._turn_is_shown(turn)
         if turn.text:
@@ -457,18 +471,25 @@ class SpecChatApp(App[int]):
             self.conversation.mount(Note(f"The reply failed. {message.error}", "error"))
         self.notify(message.error, title="The reply failed", severity="error", timeout=10)
 
+    def _save_turn(self, turn: Turn, finish_reason: str, stats: Any) -> None:
+        """Save the reply to its chat, once (a reply stopped by quitting is saved at exit)."""
+        turn.meta["k"] = turn.k_label()
+        if turn.saved or self.history is None or turn.chat_id is None:
+            return
+        turn.saved = True
+        turn.view.message_id = self._write(
+            self.history.add_message, turn.chat_id, "assistant", turn.text, runs=turn.pieces,
+            finish_reason=finish_reason, stats=stats, meta=turn.meta)
+
     def _turn_is_shown(self, turn: Turn) -> bool:
         return turn.epoch == self._epoch
 
     def _finish_turn(self, turn: Turn, finish_reason: str, stats: Any) -> None:
         """Mark the reply done (or stopped), save it, and let the user send again."""
         view: MessageView = turn.view
-        turn.meta["k"] = view.k_label = turn.k_label(turn.meta["k"])
+        view.k_label = turn.k_label()
         view.finish(finish_reason, stats)
-        if self.history is not None and turn.chat_id is not None:
-            view.message_id = self._write(
-                self.history.add_message, turn.chat_id, "assistant", turn.text,
-                runs=turn.pieces, finish_reason=finish_reason, stats=stats, meta=turn.meta)
+        self._save_turn(turn, finish_reason, stats)
         if self._turn_is_shown(turn):
             self.transcript.append(ChatMessage("assistant", turn.text))
         self.turn = None
@@ -645,8 +666,8 @@ class SpecChatApp(App[int]):
             self.session = None
         self.start_loading()
 
-    def action_new_chat(self) -> None:
-        self._show_chat(None, [])
+    async def action_new_chat(self) -> None:
+        await self._show_chat(None, [])
 
     def action_chats(self) -> None:
         if self.history is None:
@@ -655,24 +676,20 @@ class SpecChatApp(App[int]):
         self.push_screen(ChatListScreen(self.history, self.chat_id, self.export_dir),
                          self._chat_chosen)
 
-    def _chat_chosen(self, result: tuple[str, int] | None) -> None:
+    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
         if self.history is None:
             return
-        if self.chat_id is not None and self.history.get_chat(self.chat_id) is None:
-            self._show_chat(None, [])  # the open chat was deleted
-        if result is None:
-            return
-        action, chat_id = result
-        if action == "new":
-            self._show_chat(None, [])
-        else:
-            self.open_chat(chat_id)
+        deleted = self.chat_id is not None and self.history.get_chat(self.chat_id) is None
+        if result is not None and result[0] == "open":
+            await self.open_chat(result[1])
+        elif deleted or result is not None:  # a new chat, or the open one was deleted
+            await self._show_chat(None, [])
 
-    def open_chat(self, chat_id: int) -> None:
+    async def open_chat(self, chat_id: int) -> None:
         assert self.history is not None
-        self._show_chat(chat_id, self.history.messages(chat_id))
+        await self._show_chat(chat_id, self.history.messages(chat_id))
 
-    def _show_chat(self, chat_id: int | None, messages: list[StoredMessage]) -> None:
+    async def _show_chat(self, chat_id: int | None, messages: list[StoredMessage]) -> None:
         if self.turn is not None:
             self.turn.cancel.set()  # it finishes in the background and is saved to its chat
         self._epoch += 1
@@ -680,10 +697,10 @@ class SpecChatApp(App[int]):
         self.transcript = [ChatMessage(m.role, m.content) for m in messages]
         conversation = self.conversation
         conversation.selected = None
-        conversation.remove_children()
+        await conversation.remove_children()
         views = [self._stored_view(m) for m in messages]
         if views:
-            conversation.mount_all(views)
+            await conversation.mount_all(views)
             conversation.scroll_end(animate=False)
         else:
             self._show_welcome()
@@ -730,6 +747,15 @@ class SpecChatApp(App[int]):
                                 lambda k=k: self.set_draft_length(k))
 
     # -- shutdown -------------------------------------------------------------------------------
+
+    def exit(self, result: int | None = None, return_code: int = 0,
+             message: Any = None) -> None:
+        """Stop a streaming reply and save it as it stands (stopped), then exit."""
+        turn = self.turn
+        if turn is not None and not turn.done:
+            turn.cancel.set()
+            self._save_turn(turn, "cancelled", turn.stats(self.clock()))
+        super().exit(result, return_code, message)
 
     async def action_quit(self) -> None:
         """Quit. A model load cannot be interrupted: the app says so and quits when it ends

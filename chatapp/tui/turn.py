@@ -33,6 +33,8 @@ class Turn:
     dropped_messages: int = 0
     epoch: int = 0  # which chat view the turn belongs to (the app bumps it on new/open chat)
     view: Any = None  # the MessageView showing the reply
+    saved: bool = False  # the reply is in the history
+    k_start: str = ""  # the draft policy's label when the reply started
 
     @property
     def text(self) -> str:
@@ -60,9 +62,10 @@ class Turn:
         ttft = self.first_token_at - self.started_at if self.first_token_at is not None else 0.0
         return replace(live, ttft_s=ttft)
 
-    def k_label(self, start_label: str) -> str:
+    def k_label(self) -> str:
         """The draft length the reply used: the fixed K ("3"), "3→5" when the user changed it
         while the reply streamed, or for an adaptive policy the range it chose ("auto 2–5")."""
+        start_label = self.k_start
         ks = [step.k for step in self.steps]
         if not ks:
             return start_label

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -45,6 +45,7 @@ class TokenText(Widget):
         self.runs: list[tuple[str, TokenSource | None]] = []
         self.text = Text()
         self._stale = True  # styles are read from CSS on the first render (and on theme change)
+        self._styles: dict[TokenSource, Style] = {}
         self._add_runs(pieces)
 
     def on_mount(self) -> None:
@@ -52,18 +53,38 @@ class TokenText(Widget):
 
     def _restyle(self, _theme: object = None) -> None:
         self._stale = True
+        self._styles.clear()
         self.refresh(layout=True)
 
     def token_style(self, source: TokenSource) -> Style:
-        style = self.get_component_rich_style(TOKEN_CLASSES[source], partial=True)
-        return style + Style(meta={"token": source.value})
+        """The style of a source's tokens: one object per source (a Style with meta gets a
+        random link id, so equal-looking new ones would not compare equal)."""
+        style = self._styles.get(source)
+        if style is None:
+            style = self.get_component_rich_style(TOKEN_CLASSES[source], partial=True)
+            style = self._styles[source] = style + Style(meta={"token": source.value})
+        return style
 
     def append(self, pieces: Iterable[tuple[str, TokenSource | None]]) -> None:
         added = self._add_runs(pieces)
         if not self._stale:
             for text, source in added:
-                self.text.append(text, self.token_style(source) if source else None)
+                self._append_text(text, source)
         self.refresh(layout=True)
+
+    def _append_text(self, text: str, source: TokenSource | None) -> None:
+        """Append to ``self.text``, one span per run of a source: the same spans whether the
+        text was built at once or token by token."""
+        start = len(self.text)
+        self.text.append(text)
+        if source is None:
+            return
+        style = self.token_style(source)
+        spans = self.text.spans
+        if spans and spans[-1].end == start and spans[-1].style is style:
+            spans[-1] = Span(spans[-1].start, start + len(text), style)
+        else:
+            spans.append(Span(start, start + len(text), style))
 
     def _add_runs(self, pieces: Iterable[tuple[str, TokenSource | None]]
                   ) -> list[tuple[str, TokenSource | None]]:
@@ -83,7 +104,7 @@ class TokenText(Widget):
         if self._stale:
             self.text = Text()
             for text, source in self.runs:
-                self.text.append(text, self.token_style(source) if source else None)
+                self._append_text(text, source)
             self._stale = False
         return self.text
 

@@ -198,8 +198,10 @@ def test_close_twice_and_use_after_close(open_backend, prompt: list[int]) -> Non
     backend = open_backend()
     backend.close()
     backend.close()
-    with pytest.raises(BackendError, match="closed"):
-        backend.evaluate(prompt, 1)
+    for call in (lambda: backend.evaluate(prompt, 1), lambda: backend.truncate(0),
+                 lambda: backend.tokenize("x"), lambda: backend.token_bytes(2)):
+        with pytest.raises(BackendError, match="closed"):
+            call()
 
 
 # -- speculation on top of the cache ----------------------------------------------------------

@@ -91,25 +91,27 @@ class AutoDraftLength:
     tokens it is expected to yield, plus the catch-up a draft model does after sitting idle) under
     ``probe_budget`` of the time, a quarter of that when even optimistic acceptance could not beat
     plain decoding (a draft model too slow next to the target: the probes then only check that the
-    costs it was judged on still hold). What was learnt
-    before a stretch without drafting ages by ``stale_forget`` per step, so a probe that goes well
-    counts. When no plain step was timed for ``plain_every`` steps it takes one: the one-token
-    verification is the baseline every choice is weighed against. The first ``explore_steps`` drafting steps use ``explore_k`` to
-    measure the drafter. The object is meant to live across turns.
+    costs it was judged on still hold). What was learnt before a stretch without drafting ages by
+    ``stale_forget`` per step, so a probe that goes well counts. When no plain step was timed for
+    ``plain_every`` steps it takes one: the one-token verification is the baseline every choice
+    is weighed against. The first ``explore_steps`` drafting steps use ``explore_k``, to measure
+    the drafter. The object is meant to live across turns.
 
     Drafters with more than one source (``ngram+model``) call ``k_for(kind, k)`` while
     ``advising()`` is true: acceptance and draft cost are then kept per kind (verification cost is
     shared). A drafter that can tell, for free, how its proposals would have fared (an n-gram
     lookup, checked against the tokens that were emitted) reports it to ``observe_shadow``; such a
-    kind learns its acceptance from those reports only, and the engine keeps consulting it at K = 0
-    (it costs nothing), so it switches back as soon as its proposals start to match.
+    kind learns its acceptance from those reports only, needs no exploring, counts as free to draft
+    until timed, and the engine keeps consulting it at K = 0 (it costs nothing), so it drafts again
+    as soon as its proposals start to match.
     """
 
     def __init__(self, max_k: int = 8, *, prior_acceptance: float = 0.6, prior_weight: float = 2.0,
-                 forget: float = 0.9, verify_forget: float = 0.95, verify_slope_prior: float = 0.5,
+                 forget: float = 0.9, verify_forget: float = 0.95, verify_slope_prior: float = 0.8,
                  draft_cost_prior: float = 0.6, probe_every: int = 16, probe_budget: float = 0.01,
                  switch_margin: float = 0.03, optimistic_acceptance: float = 0.9,
-                 explore_steps: int = 3, explore_k: int = 3, stale_forget: float = 0.98, plain_every: int = 64) -> None:
+                 explore_steps: int = 3, explore_k: int = 3, stale_forget: float = 0.98,
+                 plain_every: int = 64) -> None:
         self.max_k = _checked(max_k)
         self.plain_every = plain_every
         self.stale_forget = stale_forget
@@ -223,7 +225,7 @@ class AutoDraftLength:
         return arm
 
     def _exploring(self, arm: "_Arm") -> bool:
-        return arm.drafted_steps < self.explore_steps
+        return not arm.shadowed and arm.drafted_steps < self.explore_steps
 
     def _chosen_k(self, arm: "_Arm") -> int:
         return self.explore_k if self._exploring(arm) else arm.k
@@ -248,8 +250,8 @@ class AutoDraftLength:
         if verify[0] is None:
             return []
         draft = arm.draft_cost()
-        if draft is None:
-            draft = self.draft_cost_prior * verify[0]
+        if draft is None:  # a drafter that scores itself for free drafts for free, near enough
+            draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]
         rates, expected, survive = [], 1.0, 1.0
         for k in range(self.max_k + 1):
             if k:

@@ -472,6 +472,9 @@ async def test_help_lists_every_binding(tui_make_app):
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("tab", "question_mark")  # "?" from the messages (not the input)
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
 
 
 async def test_quitting_while_loading_waits_for_the_load_and_says_so(tui_make_app):
@@ -590,3 +593,28 @@ async def test_quitting_mid_reply_saves_the_partial_reply(tui_make_app, tmp_path
                                                           ("assistant", "cancelled")]
     assert saved[1].content and saved[1].stats.tokens > 0
     store.close()
+
+
+async def test_a_history_that_cannot_be_written_does_not_stop_the_chat(tui_make_app):
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.history._db.close()  # as if the disk went away
+        await send(pilot, "still works")
+        await reply_done(pilot)
+        assert [v.role for v in views(app)] == ["user", "assistant"]
+        assert views(app, "assistant")[0].plain
+        assert any("Could not save to the history" in n.message for n in app._notifications)
+
+
+async def test_a_history_that_cannot_be_opened_is_reported(tui_make_app, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    app = tui_make_app(history_path=blocker / "history.sqlite3")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.history is None
+        assert any("cannot be opened" in n.message for n in app._notifications)
+        await send(pilot, "unsaved")
+        await reply_done(pilot)
+        assert views(app, "assistant")[0].plain

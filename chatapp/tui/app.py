@@ -334,6 +334,7 @@ class SpecChatApp(App[int]):
         if queued and queued_views:
             for queued_view in queued_views:
                 queued_view.remove_class("-queued")
+                queued_view.message_id = user_message_id
             self._mount_message(view)
         else:
             self._mount_message(MessageView("user", text, message_id=user_message_id), view)
@@ -366,8 +367,10 @@ class SpecChatApp(App[int]):
         try:
             return write(*args, **kwargs)
         except (sqlite3.Error, OSError) as error:
-            self.notify(f"Could not save to the history at {self.history_path or 'the data dir'}"
-                        f": {error}. The chat goes on unsaved.", severity="error", timeout=10)
+            where = self.history.path if self.history is not None else self.history_path
+            if self.is_running:
+                self.notify(f"Could not save to the history at {where}: {error}. The chat goes "
+                            "on unsaved.", severity="error", timeout=10)
             return None
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
@@ -621,6 +624,7 @@ class SpecChatApp(App[int]):
                 ("↑ / ↓ (k / j)", "Select a message: the stats panel shows its turn"),
                 ("Home / End", "First / last message"),
                 ("Enter / Esc", "Back to the message box"),
+                ("?", "This help"),
             ]),
             ("Chat list (ctrl+o)", [
                 ("Enter", "Open the chat"),

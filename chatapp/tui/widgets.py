@@ -306,6 +306,7 @@ class Conversation(VerticalScroll, can_focus=True):
         Binding("home", "select_edge(0)", "First message", show=False),
         Binding("end", "select_edge(-1)", "Last message", show=False),
         Binding("enter,escape", "back_to_input", "Back to the message box", show=False),
+        Binding("question_mark", "app.help", "Help", show=False),
     ]
 
     selected: reactive[MessageView | None] = reactive(None, init=False)

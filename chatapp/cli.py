@@ -74,7 +74,7 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--max-tokens", type=_positive_int, help="longest reply, in tokens")
     common.add_argument("--system", dest="system_prompt", help="system prompt")
     common.add_argument("--n-ctx", type=_positive_int, help="context window, in tokens")
-    common.add_argument("--threads", type=_positive_int, help="CPU threads (llama backend)")
+    common.add_argument("--threads", type=_positive_int, help="CPU threads")
     common.add_argument("--gpu-layers", type=int, help="layers offloaded to the GPU (llama backend)")
     common.add_argument("--device", help="auto, cpu or cuda (hf backend)")
     common.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),

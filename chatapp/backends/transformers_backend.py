@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import inspect
-import json
 import os
 import re
 import shutil

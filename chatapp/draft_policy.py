@@ -88,10 +88,12 @@ class AutoDraftLength:
     ``switch_margin``. From K = 0 it probes at the K that would be best if acceptance were
     ``optimistic_acceptance`` (at most ``explore_k``), every ``probe_every`` steps or more: as
     many as keep the expected loss of probing (the time a probe takes minus the plain time of the
-    tokens it is expected to yield, plus the catch-up a draft model does after sitting idle) under
+    tokens it is expected to yield, plus the catch-up a draft model does for every token it missed
+    while idle, measured, ``catchup_prior`` x its per-token cost until then) under
     ``probe_budget`` of the time, a quarter of that when even optimistic acceptance could not beat
     plain decoding (a draft model too slow next to the target: the probes then only check that the
-    costs it was judged on still hold). What was learnt before a stretch without drafting ages by
+    costs it was judged on still hold). When the catch-up alone exceeds the budget (a 0.5B draft
+    model on a CPU catches up at a quarter of a decode step per token), it does not probe. What was learnt before a stretch without drafting ages by
     ``stale_forget`` per step, so a probe that goes well counts. When no plain step was timed for
     ``plain_every`` steps it takes one: the one-token verification is the baseline every choice
     is weighed against. The first ``explore_steps`` drafting steps use ``explore_k``, to measure
@@ -111,8 +113,9 @@ class AutoDraftLength:
                  draft_cost_prior: float = 0.6, probe_every: int = 16, probe_budget: float = 0.01,
                  switch_margin: float = 0.03, optimistic_acceptance: float = 0.9,
                  explore_steps: int = 3, explore_k: int = 3, stale_forget: float = 0.98,
-                 plain_every: int = 64) -> None:
+                 plain_every: int = 64, catchup_prior: float = 0.25) -> None:
         self.max_k = _checked(max_k)
+        self.catchup_prior = catchup_prior
         self.plain_every = plain_every
         self.stale_forget = stale_forget
         self.prior_acceptance = prior_acceptance
@@ -278,14 +281,19 @@ class AutoDraftLength:
             arm.hopeful = hopeful[probe] > rates[0] * (1 + self.switch_margin)
             if not (arm.shadowed and arm.hopeful):
                 # A real probe costs what it fails to return, plus the catch-up of a drafter
-                # that sat idle; space probes to keep that within probe_budget of the time.
+                # that sat idle, which grows with the interval I: loss + catch-up x I must stay
+                # within probe_budget x I plain steps.
                 probe = min(probe, self.explore_k)
                 plain_step = 1.0 / rates[0]
                 expected = 1 + sum(_prefix_products(acceptance[:probe]))
-                loss = expected * (1.0 / rates[probe] - plain_step) + arm.switch_cost
-                budget = self.probe_budget if arm.hopeful else self.probe_budget / 4
-                arm.probe_interval = max(self.probe_every,
-                                         math.ceil(loss / (budget * plain_step)))
+                loss = max(0.0, expected * (1.0 / rates[probe] - plain_step))
+                budget = (self.probe_budget if arm.hopeful else self.probe_budget / 4) * plain_step
+                catchup = arm.catchup_per_step(self.catchup_prior)
+                if catchup >= budget:
+                    probe = 0  # catching up would cost more than probing may: stay plain
+                else:
+                    arm.probe_interval = max(self.probe_every,
+                                             math.ceil(loss / (budget - catchup)))
             arm.probe_k = probe
         arm.k = k
 
@@ -313,7 +321,7 @@ class _Arm:
         self.probe_interval = probe_every
         self.hopeful = True  # drafting could pay if acceptance were high
         self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
-        self.switch_cost = 0.0  # extra draft time of a first step after not drafting (catch-up)
+        self.catchup: float | None = None  # extra draft seconds per step spent not drafting
 
     def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
                       step: int, stale_forget: float) -> None:
@@ -324,8 +332,11 @@ class _Arm:
             self.accepted = [decay * a for a in self.accepted]
         per_token = max(draft_s, 0.0) / k
         typical = self.draft_cost()
-        if typical is not None and step - self.last_drafted > 1:
-            self.switch_cost = 0.5 * self.switch_cost + 0.5 * max(0.0, draft_s - k * typical)
+        gap = step - self.last_drafted - 1
+        if typical is not None and gap > 0 and self.last_drafted > 0:
+            # A model drafter that sat idle first feeds what it missed: that excess, per step.
+            excess = max(0.0, draft_s - k * typical) / gap
+            self.catchup = excess if self.catchup is None else 0.5 * self.catchup + 0.5 * excess
         self.last_drafted = step
         self.costs.append(per_token)
         if not self.shadowed:
@@ -350,6 +361,16 @@ class _Arm:
 
     def draft_cost(self) -> float | None:
         return statistics.median(self.costs) if self.costs else None
+
+    def catchup_per_step(self, prior: float) -> float:
+        """Seconds a probe's drafter needs per step it sat idle (``prior`` x the draft cost per
+        token until measured; nothing for a drafter that scores itself for free)."""
+        if self.shadowed:
+            return 0.0
+        if self.catchup is not None:
+            return self.catchup
+        typical = self.draft_cost()
+        return prior * typical if typical is not None else 0.0
 
 
 class VerifyCostModel:

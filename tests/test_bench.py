@@ -102,3 +102,37 @@ def test_prompt_set_and_selection() -> None:
 def test_geometric_mean() -> None:
     assert geometric_mean([1.0, 4.0]) == pytest.approx(2.0)
     assert math.isclose(geometric_mean([]), 0.0)
+
+
+@pytest.mark.slow
+def test_hf_backend_adds_transformers_assisted_generation_as_reference(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from chatapp.backends.transformers_backend import TransformersBackend
+    from tests.test_transformers_backend import CHATML, make_model, make_tokenizer, perturbed
+
+    target_model = make_model(0)
+    tokenizer = make_tokenizer(CHATML)
+    target = TransformersBackend.from_model(target_model, tokenizer, n_ctx=512, name="tiny")
+    draft = TransformersBackend.from_model(perturbed(target_model, 1, 0.02), tokenizer, n_ctx=512,
+                                           name="tiny-draft")
+    out = io.StringIO()
+    code = bench_command(Config(seed=0, backend="hf"), tmp_path / "hf.json",
+                         backends=BenchBackends(target, draft), prompts=PROMPTS[:1],
+                         specs=[RunSpec(None), RunSpec("model", 2)], max_tokens=12, out=out,
+                         log=io.StringIO(), warmup=False)
+    assert code == 0
+    data = json.loads((tmp_path / "hf.json").read_text())
+    rows = {row["config"]: row for row in data["rows"]}
+    assert set(rows) == {"target", "K=2", "hf assisted K=4"}
+    # greedy: transformers' own assisted generation emits the target-only output too
+    assert rows["hf assisted K=4"]["output"] == rows["target"]["output"]
+    assert "hf assisted K=4" in out.getvalue()
+
+
+def test_repeats_keep_the_fastest_run(tmp_path: Path) -> None:
+    _, _, data = run_bench(tmp_path, [RunSpec(None), RunSpec("model", 2)], repeats=3,
+                           warmup=False)
+    assert data["meta"]["repeats"] == 3
+    for row in data["rows"]:
+        assert len(row["repeat_tokens_per_s"]) == 3
+        assert row["tokens_per_s"] == pytest.approx(max(row["repeat_tokens_per_s"]))

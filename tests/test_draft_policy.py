@@ -54,17 +54,28 @@ def test_plain_decoding_when_verification_is_steep_and_acceptance_low() -> None:
     assert sum(k > 0 for k in ks[-200:]) <= 10  # a few probes at most
 
 
-def test_seldom_probes_a_draft_model_that_cannot_pay() -> None:
+def test_stops_drafting_with_a_draft_model_that_cannot_pay() -> None:
     # The default pair on the CPU: a draft step costs 0.6 of a target step. Even at 90% acceptance
-    # no K beats plain decoding, so once measured the policy stops drafting, and only checks now
-    # and then (within a quarter of the probe budget) that the costs still hold.
+    # no K beats plain decoding; and a probe would first have to feed the draft model every token
+    # it missed, which costs more than the probe budget: once measured, it never drafts again.
     policy = AutoDraftLength()
     ks = simulate(policy, 2000, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
                   np.random.default_rng(1))
     assert policy.current_k() == 0
+    assert sum(k > 0 for k in ks[20:]) == 0
+
+
+def test_probes_of_a_hopeless_drafter_stay_within_a_quarter_of_the_budget() -> None:
+    # Without catch-up (a draft model with its own fast prefill), it still checks now and then
+    # that the costs it judged on hold, spending under a quarter of probe_budget on it.
+    policy = AutoDraftLength(catchup_prior=0.0)
+    ks = simulate(policy, 2000, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
+                  np.random.default_rng(1))
+    assert policy.current_k() == 0
     assert 1 <= sum(k > 0 for k in ks[20:]) <= 12
-    assert sum(k * 0.028 + CPU_VERIFY[k + 1] - CPU_VERIFY[1] for k in ks[20:]) < (
-        0.01 * sum(CPU_VERIFY[1] for _ in ks[20:]))
+    expected = [sum(0.7 ** i for i in range(k + 1)) for k in range(9)]  # tokens per step
+    extra = sum(k * 0.028 + CPU_VERIFY[k + 1] - expected[k] * CPU_VERIFY[1] for k in ks[20:])
+    assert extra < 0.0025 * CPU_VERIFY[1] * len(ks[20:])
 
 
 def test_drafts_long_when_acceptance_high_and_verification_cheap() -> None:

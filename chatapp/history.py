@@ -134,9 +134,9 @@ class HistoryStore:
         try:
             _prepare_private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA busy_timeout=5000")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA busy_timeout=5000")
             self._migrate()
         except (OSError, sqlite3.Error) as error:
             raise HistoryError(
@@ -151,14 +151,16 @@ class HistoryStore:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        version = self.schema_version
-        if version > SCHEMA_VERSION:
-            raise HistoryError(
-                f"The chat history at {self.path} was written by a newer specchat (schema "
-                f"{version}, this one knows {SCHEMA_VERSION}). Upgrade specchat to open it."
-            )
-        for number in range(version, SCHEMA_VERSION):
-            with self._transaction():
+        """Bring the schema up to date under the write lock, so that two instances opening a
+        new history at once do not both create it."""
+        with self._transaction():
+            version = self.schema_version
+            if version > SCHEMA_VERSION:
+                raise HistoryError(
+                    f"The chat history at {self.path} was written by a newer specchat (schema "
+                    f"{version}, this one knows {SCHEMA_VERSION}). Upgrade specchat to open it."
+                )
+            for number in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[number]:
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {number + 1}")

@@ -5,7 +5,8 @@ engine (``SpeculativeEngine.generate``) with the app's own loader pieces (``load
 ``make_drafter``, ``make_policy``, ``generation_settings``): there is no second decoding loop.
 The configurations: target-only decoding, the draft model at K = 1..8 and auto, the n-gram
 drafter (auto) and n-gram + model (auto). Runs are interleaved per prompt (each prompt through
-every configuration, one after the other, so that machine noise hits them alike) with the same
+every configuration, one after the other, so that machine noise hits them alike; the order
+rotates from prompt to prompt, so that no configuration always runs first or last) with the same
 seed, and both KV caches are emptied before every run (each pays its own prompt, as on the first
 turn of a chat; a draft model is only fed once asked to draft).
 
@@ -339,8 +340,8 @@ class Bench:
         tokens = self.prompt_tokens(prompt)
         runs: dict[str, _Run] = {}
         speeds: dict[str, list[float]] = {}
-        for _ in range(self.repeats):
-            for spec in self.specs:
+        for repeat in range(self.repeats):
+            for spec in rotated(self.specs, number - 1 + repeat):
                 engine, policy = self._engines[spec.name]
                 if self.fresh_policy and spec.drafter is not None and spec.k is None:
                     policy = self._policy(spec, engine.drafter)
@@ -415,6 +416,14 @@ class Bench:
         return (f"specchat bench: target {meta['target']}, draft {meta['draft'] or '-'}, backend "
                 f"{meta['backend']}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}.")
+
+
+def rotated(items: Sequence[Any], shift: int) -> list[Any]:
+    """``items`` starting at index ``shift`` (mod len): each configuration runs at every place in
+    the order in turn, so that whatever drifts along a round (a warming CPU, caches a heavier
+    configuration just evicted, a neighbour's job) does not always hit the same one."""
+    shift %= max(len(items), 1)
+    return list(items[shift:]) + list(items[:shift])
 
 
 def _generation_speed(stats: Any) -> float:

@@ -136,3 +136,11 @@ def test_repeats_keep_the_fastest_run(tmp_path: Path) -> None:
     for row in data["rows"]:
         assert len(row["repeat_tokens_per_s"]) == 3
         assert row["tokens_per_s"] == pytest.approx(max(row["repeat_tokens_per_s"]))
+
+
+def test_order_rotates_from_prompt_to_prompt() -> None:
+    from chatapp.bench import rotated
+
+    assert rotated([1, 2, 3], 0) == [1, 2, 3]
+    assert rotated([1, 2, 3], 4) == [2, 3, 1]
+    assert rotated([], 2) == []

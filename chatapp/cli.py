@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_command(config, args.json_path)
         from chatapp.tui.app import run_app
 
-        return run_app(config)
+        return run_app(config, vars(args).get("config"))
     except (BackendError, ConfigError) as error:
         print(f"specchat: {error}", file=sys.stderr)
         return 1

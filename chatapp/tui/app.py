@@ -74,8 +74,9 @@ def _short_model_name(name: str) -> str:
 
 
 class SpecChatApp(App[int]):
-    """specchat's chat app. ``session_factory``, ``history_path``, ``export_dir`` and ``clock``
-    are there for tests (fake backends, a temporary database, a fake clock)."""
+    """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
+    default place). ``session_factory``, ``history_path``, ``export_dir`` and ``clock`` are there
+    for tests (fake backends, a temporary database, a fake clock)."""
 
     CSS_PATH = "specchat.tcss"
     TITLE = "specchat"
@@ -96,11 +97,13 @@ class SpecChatApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, config: Config, *, session_factory: SessionFactory | None = None,
+    def __init__(self, config: Config, *, config_path: Path | None = None,
+                 session_factory: SessionFactory | None = None,
                  history_path: Path | None = None, export_dir: Path | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__()
         self.config = config
+        self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or build_session
         self.history_path = history_path
         self.export_dir = export_dir
@@ -812,8 +815,9 @@ def _close_session(session: ChatSession) -> None:
                 pass
 
 
-def run_app(config: Config) -> int:
-    """Run the chat app on ``config``'s pair until the user quits; returns the exit status."""
-    app = SpecChatApp(config)
+def run_app(config: Config, config_path: Path | None = None) -> int:
+    """Run the chat app on ``config``'s pair until the user quits; returns the exit status.
+    ``config_path`` is the config file the settings screen saves to (None: the default one)."""
+    app = SpecChatApp(config, config_path=config_path)
     app.run()
     return app.return_code or 0

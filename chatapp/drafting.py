@@ -49,7 +49,10 @@ class Drafter(Protocol):
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (the whole-prefix case at C speed)."""
     n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
     for i in range(n):
         if a[i] != b[i]:
             return i

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Candidates examined before falling back to a full sort for top-p; covers typical nucleus sizes.
-_TOP_P_CANDIDATES = 2048
+# Probability floors tried in turn when looking for the top-p nucleus (0: every token). Tokens
+# under a floor are never sorted unless the tokens above it hold less than top_p of the mass.
+_NUCLEUS_FLOORS = (1e-4, 1e-7, 0.0)
 # Rounding slack when comparing a cumulative mass with top_p (0.5 + 0.3 must reach 0.8).
 _MASS_TOLERANCE = 1e-9
 
@@ -45,20 +46,12 @@ class SamplingParams:
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Return float64 probabilities with the shape of ``logits`` ((V,) or (n, V)); rows sum to 1."""
     logits = np.asarray(logits)
-    if logits.ndim == 2:
-        return np.stack([probabilities(row, params) for row in logits]) if len(logits) else (
-            np.zeros(logits.shape, dtype=np.float64))
-    if params.greedy:
-        return one_hot(int(np.argmax(logits)), logits.shape[-1])
-    scaled = logits.astype(np.float64) / params.temperature
-    if params.top_k and params.top_k < scaled.shape[-1]:
-        kth = np.partition(scaled, -params.top_k)[-params.top_k]
-        scaled = np.where(scaled >= kth, scaled, -np.inf)
-    probs = np.exp(scaled - np.max(scaled))
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        probs = _nucleus(probs, params.top_p)
-    return probs
+    out = np.empty(logits.shape, dtype=np.float64)
+    if logits.size:
+        vocab_size = logits.shape[-1]
+        for values, row in zip(logits.reshape(-1, vocab_size), out.reshape(-1, vocab_size)):
+            _fill_row(values, params, row)
+    return out
 
 
 def one_hot(token: int, vocab_size: int) -> np.ndarray:
@@ -68,19 +61,54 @@ def one_hot(token: int, vocab_size: int) -> np.ndarray:
     return probs
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p``; renormalise."""
-    n = min(_TOP_P_CANDIDATES, probs.shape[-1])
-    candidates = np.argpartition(probs, -n)[-n:] if n < probs.shape[-1] else np.arange(n)
-    order = candidates[np.argsort(-probs[candidates], kind="stable")]
-    cumulative = np.cumsum(probs[order])
-    if cumulative[-1] < top_p and n < probs.shape[-1]:
-        order = np.argsort(-probs, kind="stable")
+def _fill_row(logits: np.ndarray, params: SamplingParams, out: np.ndarray) -> None:
+    """Write the distribution of one row of logits into ``out`` (float64, same length).
+
+    Works in place on ``out`` and, with top-k, exponentiates only the k kept logits: this runs
+    for every drafted and verified position over a vocabulary of up to 152k tokens.
+    """
+    if params.greedy:
+        out.fill(0.0)
+        out[int(np.argmax(logits))] = 1.0
+        return
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = np.partition(logits, -params.top_k)[-params.top_k]
+        kept = np.flatnonzero(logits >= kth)
+        weights = _softmax(logits[kept], params.temperature)
+        if params.top_p < 1.0:
+            _keep_nucleus(weights, params.top_p)
+        out.fill(0.0)
+        out[kept] = weights
+        return
+    np.subtract(logits, np.max(logits), out=out, dtype=np.float64)
+    out *= 1.0 / params.temperature
+    np.exp(out, out=out)
+    out /= out.sum()
+    if params.top_p < 1.0:
+        _keep_nucleus(out, params.top_p)
+
+
+def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    scaled = (logits.astype(np.float64) - np.max(logits)) / temperature
+    weights = np.exp(scaled)
+    return weights / weights.sum()
+
+
+def _keep_nucleus(probs: np.ndarray, top_p: float) -> None:
+    """In place: keep the smallest set of most likely tokens whose mass reaches ``top_p`` (ties:
+    lowest id first), zero the rest, renormalise. Only the tokens above a probability floor are
+    sorted; the floor is lowered until the tokens above it hold the nucleus."""
+    for floor in _NUCLEUS_FLOORS:
+        candidates = np.flatnonzero(probs >= floor) if floor > 0.0 else np.arange(len(probs))
+        order = candidates[np.argsort(-probs[candidates], kind="stable")]
         cumulative = np.cumsum(probs[order])
-    keep = order[: int(np.searchsorted(cumulative, top_p - _MASS_TOLERANCE)) + 1]
-    nucleus = np.zeros_like(probs)
-    nucleus[keep] = probs[keep]
-    return nucleus / nucleus.sum()
+        if len(cumulative) and cumulative[-1] >= top_p - _MASS_TOLERANCE:
+            break
+    size = min(int(np.searchsorted(cumulative, top_p - _MASS_TOLERANCE)) + 1, len(order))
+    keep = order[:size]
+    kept = probs[keep] / cumulative[size - 1]
+    probs.fill(0.0)
+    probs[keep] = kept
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

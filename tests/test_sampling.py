@@ -44,6 +44,38 @@ def test_rows_are_processed_independently() -> None:
     assert probabilities(logits, SamplingParams(0.0)).tolist() == [[0, 1], [1, 0]]
 
 
+def reference_probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The textbook definition, one full sort per row: what the fast path must reproduce."""
+    scaled = logits.astype(np.float64) / params.temperature
+    if params.top_k:
+        kth = np.sort(scaled)[-params.top_k]
+        scaled = np.where(scaled >= kth, scaled, -np.inf)
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if params.top_p == 1.0:
+        return probs
+    order = np.argsort(-probs, kind="stable")
+    size = int(np.searchsorted(np.cumsum(probs[order]), params.top_p - 1e-9)) + 1
+    nucleus = np.zeros_like(probs)
+    nucleus[order[:size]] = probs[order[:size]]
+    return nucleus / nucleus.sum()
+
+
+@pytest.mark.parametrize("spread", [0.3, 3.0, 12.0])  # flat (the floors fail), typical, peaky
+@pytest.mark.parametrize("params", [SamplingParams(0.7), SamplingParams(1.0, top_p=0.9),
+                                    SamplingParams(0.5, top_p=0.5), SamplingParams(1.3, top_k=50),
+                                    SamplingParams(0.8, top_k=200, top_p=0.8)])
+def test_fast_paths_match_the_textbook_definition(spread: float, params: SamplingParams) -> None:
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((3, 20_000)) * spread).astype(np.float32)
+    logits[:, rng.integers(0, 20_000, 5)] += 4.0  # a few likely tokens, as in a language model
+    logits[0, :40] = logits[0, 40]  # ties at the top-k / top-p boundary
+    got = probabilities(logits, params)
+    for row, expected in zip(got, (reference_probabilities(r, params) for r in logits)):
+        assert np.array_equal(row > 0, expected > 0)
+        assert np.allclose(row, expected, rtol=1e-9, atol=1e-15)
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0),
                                  dict(top_p=1.5)])
 def test_out_of_range_params_are_refused(bad: dict) -> None:

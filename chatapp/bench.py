@@ -116,6 +116,38 @@ class BenchBackends:
     draft: Backend | None = None
 
 
+class ModelClock:
+    """A backend seen through a stopwatch: forwards everything to ``backend`` and adds up in
+    ``model_s`` the seconds spent in ``evaluate`` and ``truncate``, the calls into the model
+    library. What a turn spends outside them is the engine's own per-step work (sampling
+    transforms, verification, copies, detokenisation, bookkeeping)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.model_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return self.backend.evaluate(tokens, n_logits)
+        finally:
+            self.model_s += time.perf_counter() - started
+
+    def truncate(self, n: int) -> None:
+        started = time.perf_counter()
+        try:
+            self.backend.truncate(n)
+        finally:
+            self.model_s += time.perf_counter() - started
+
+
+def _model_seconds(*backends: Backend | None) -> float:
+    return sum(b.model_s for b in backends if isinstance(b, ModelClock))
+
+
 @dataclass
 class Row:
     """One prompt through one configuration."""
@@ -137,6 +169,8 @@ class Row:
     prompt_s: float
     other_s: float
     total_s: float
+    model_s: float  # inside the models' evaluate/truncate calls
+    engine_share: float  # share of the generation time spent outside them
     ttft_s: float
     same_as_target: int
     identical: bool
@@ -165,6 +199,7 @@ class Summary:
     prompt_s: float
     other_s: float
     total_s: float
+    engine_share: float  # outside the model calls, as a share of the generation time
     same_as_target: float  # mean tokens before the first difference
     identical: int
     category_ratio: dict[str, float]
@@ -273,6 +308,7 @@ class _Run:
     finish_reason: str
     drafted_per_step: Counter
     policy: str
+    model_s: float = 0.0
     speeds: list[float] = field(default_factory=list)
 
 
@@ -285,6 +321,7 @@ class Bench:
         self.specs = list(specs)
         self.log = log
         self.fresh_policy = fresh_policy
+        backends.target = ModelClock(backends.target)
         self.settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         self.seed = config.seed if config.seed is not None else 0
         self.extra_configs: list[str] = []
@@ -300,6 +337,8 @@ class Bench:
         if self.backends.draft is None:
             self.backends.draft = load_backend(self.config.draft, "draft", self.config,
                                                _progress(self.log))
+        if not isinstance(self.backends.draft, ModelClock):
+            self.backends.draft = ModelClock(self.backends.draft)
         return self.backends.draft
 
     def _engine(self, spec: RunSpec) -> tuple[SpeculativeEngine, DraftPolicy]:
@@ -376,6 +415,7 @@ class Bench:
         output: list[int] = []
         drafted: Counter = Counter()
         done: DoneEvent | None = None
+        model_before = _model_seconds(self.backends.target, self.backends.draft)
         for event in engine.generate(prompt, settings, rng, policy):
             if isinstance(event, TokenEvent):
                 output.append(event.id)
@@ -384,7 +424,8 @@ class Bench:
             elif isinstance(event, DoneEvent):
                 done = event
         assert done is not None
-        return _Run(output, done.stats, done.finish_reason.value, drafted, policy.label)
+        model_s = _model_seconds(self.backends.target, self.backends.draft) - model_before
+        return _Run(output, done.stats, done.finish_reason.value, drafted, policy.label, model_s)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: _Run) -> None:
         speed = _generation_speed(run.stats)
@@ -443,11 +484,19 @@ def make_row(prompt: BenchPrompt, name: str, run: _Run, reference: _Run) -> Row:
         acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
         drafted=stats.drafted, accepted=stats.accepted, target_calls=stats.target_calls,
         draft_s=stats.draft_s, verify_s=stats.verify_s, prompt_s=stats.prompt_s,
-        other_s=stats.other_s, total_s=stats.total_s, ttft_s=stats.ttft_s,
+        other_s=stats.other_s, total_s=stats.total_s, model_s=run.model_s,
+        engine_share=_engine_share(stats.total_s, stats.prompt_s, run.model_s),
+        ttft_s=stats.ttft_s,
         same_as_target=same, identical=run.output == reference.output,
         finish_reason=run.finish_reason, policy=run.policy,
         drafted_per_step={str(k): v for k, v in sorted(run.drafted_per_step.items())},
         repeat_tokens_per_s=list(run.speeds) or [speed], output=list(run.output))
+
+
+def _engine_share(total_s: float, prompt_s: float, model_s: float) -> float:
+    """The engine's own time (everything outside the model calls) over the generation time."""
+    generation_s = total_s - prompt_s
+    return max(0.0, total_s - model_s) / generation_s if generation_s > 0 and model_s > 0 else 0.0
 
 
 # -- summary and report -----------------------------------------------------------------------------
@@ -481,6 +530,9 @@ def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
             draft_s=sum(row.draft_s for row in mine), verify_s=sum(row.verify_s for row in mine),
             prompt_s=sum(row.prompt_s for row in mine), other_s=sum(row.other_s for row in mine),
             total_s=sum(row.total_s for row in mine),
+            engine_share=_engine_share(sum(row.total_s for row in mine),
+                                       sum(row.prompt_s for row in mine),
+                                       sum(row.model_s for row in mine)),
             same_as_target=sum(row.same_as_target for row in mine) / len(mine),
             identical=sum(row.identical for row in mine),
             category_ratio={c: geometric_mean(r) for c, r in categories.items()}))
@@ -497,7 +549,7 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
         1, sum(1 for row in rows if row.config == TARGET))
     header = (f"{'configuration':<18} {'tok/s':>6} {'x target':>8} {'min x (prompt)':>24} "
               f"{'accept':>6} {'tok/call':>8} {'draft':>6} {'verify':>6} {'prompt':>6} "
-              f"{'other':>6} {'same as target':>16}")
+              f"{'other':>6} {'engine':>6} {'same as target':>16}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for s in summaries:
@@ -505,10 +557,11 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
         accept = f"{s.acceptance_rate:.0%}" if s.acceptance_rate or s.config != TARGET else "-"
         worst = f"{s.ratio_min:.2f} ({s.ratio_min_prompt})"
         same = f"{s.same_as_target:.0f} of {reference_tokens:.0f}, {s.identical}/{s.prompts} all"
+        engine = f"{s.engine_share:.1%}" if s.engine_share else "-"
         print(f"{s.config:<18} {s.tokens_per_s:6.1f} {s.ratio_geomean:8.2f} {worst:>24} "
               f"{accept:>6} {s.mean_accepted_length:8.2f} {s.draft_s / total:6.0%} "
               f"{s.verify_s / total:6.0%} {s.prompt_s / total:6.0%} {s.other_s / total:6.0%} "
-              f"{same:>16}", file=out)
+              f"{engine:>6} {same:>16}", file=out)
     categories = list(dict.fromkeys(row.category for row in rows))
     print("", file=out)
     print(f"{'x target, by category':<18} " + " ".join(f"{c:>10}" for c in categories), file=out)
@@ -526,7 +579,8 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
         print(f"{prompt:<18} {cells}", file=out)
     print("", file=out)
     print("Speed: tokens / (turn time - prompt time); time split as shares of the whole turn; "
-          "same as target: tokens equal to the target-only output before the first difference "
+          "engine: the engine's own work (everything outside the models' evaluate/truncate "
+          "calls) as a share of the generation time; same as target: tokens equal to the target-only output before the first difference "
           "(mean over prompts; n/m all: outputs identical to it).", file=out)
     print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
 

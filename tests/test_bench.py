@@ -144,3 +144,52 @@ def test_order_rotates_from_prompt_to_prompt() -> None:
     assert rotated([1, 2, 3], 0) == [1, 2, 3]
     assert rotated([1, 2, 3], 4) == [2, 3, 1]
     assert rotated([], 2) == []
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedFake(FakeBackend):
+    """A fake model whose every evaluate costs ``cost`` seconds of a fake clock."""
+
+    def __init__(self, clock: FakeClock, cost: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.clock, self.cost, self.calls = clock, cost, 0
+
+    def evaluate(self, tokens, n_logits):
+        self.clock.now += self.cost
+        self.calls += 1
+        return super().evaluate(tokens, n_logits)
+
+
+def test_engine_share_is_the_time_outside_the_model_calls(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    import chatapp.engine
+
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    sampling_calls = []
+    real_probabilities = chatapp.engine.probabilities
+
+    def costly_probabilities(logits, params):  # the engine's own work: 1 ms per target step
+        clock.now += 0.001
+        sampling_calls.append(1)
+        return real_probabilities(logits, params)
+
+    monkeypatch.setattr(chatapp.engine, "probabilities", costly_probabilities)
+    target = TimedFake(clock, 0.050)
+    backends = BenchBackends(target, TimedFake(clock, 0.010, noise=1.0))
+    out = io.StringIO()
+    bench_command(Config(seed=0), tmp_path / "b.json", backends=backends, prompts=PROMPTS[:1],
+                  specs=[RunSpec(None)], max_tokens=20, warmup=False, out=out, log=io.StringIO())
+    row = json.loads((tmp_path / "b.json").read_text())["rows"][0]
+    assert row["model_s"] == pytest.approx(target.calls * 0.050)
+    generation_s = row["total_s"] - row["prompt_s"]
+    assert row["engine_share"] == pytest.approx(len(sampling_calls) * 0.001 / generation_s)
+    assert f"{row['engine_share']:.1%}" in out.getvalue()

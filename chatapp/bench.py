@@ -22,15 +22,9 @@ warm-up run of every configuration comes first (it also loads pages and caches).
 transformers backend, transformers' own assisted generation (``num_assistant_tokens=4``) is run
 as a reference row.
 
-Settings beyond the model options, from the environment (the CLI has no flags for them yet):
-``SPECCHAT_BENCH_PROMPTS`` (a count, or comma-separated prompt ids / categories),
-``SPECCHAT_BENCH_CONFIGS`` (comma-separated: ``target``, ``model:K``, ``model:auto``,
-``ngram:auto``, ``ngram+model:auto``, ``ngram:K``...), ``SPECCHAT_BENCH_K`` (the K values of the
-default set, e.g. ``1,2,4``), ``SPECCHAT_BENCH_MAX_TOKENS`` (default 128 unless --max-tokens was
-given), ``SPECCHAT_BENCH_WARMUP=0``, ``SPECCHAT_BENCH_FRESH_POLICY=1`` (a new auto policy for
-every prompt: the cold first turn), ``SPECCHAT_BENCH_REPEATS=N`` (run every prompt through every
-configuration N times, interleaved, and keep each configuration's fastest run: on a shared
-machine the slow runs are the disturbed ones), ``SPECCHAT_BENCH_PROMPT_FILE``.
+``repeats`` N runs every prompt through every configuration N times, interleaved, and keeps each
+configuration's fastest run: on a shared machine the slow runs are the disturbed ones.
+The command-line flags that choose prompts and configurations are in ``chatapp.cli``.
 """
 
 from __future__ import annotations
@@ -215,37 +209,26 @@ def bench_command(config: Config, json_path: Path | None, *,
                   prompts: Sequence[BenchPrompt] | None = None,
                   specs: Sequence[RunSpec] | None = None,
                   max_tokens: int | None = None,
-                  warmup: bool | None = None,
-                  fresh_policy: bool | None = None,
-                  repeats: int | None = None,
+                  warmup: bool = True,
+                  fresh_policy: bool = False,
+                  repeats: int = 1,
                   out: TextIO | None = None,
                   log: TextIO | None = None) -> int:
-    """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``."""
+    """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``.
+
+    Defaults: every prompt of ``assets/bench_prompts.json``, ``default_specs()``, and
+    ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
+    A set of ``specs`` without target-only decoding gets it added: the ratios need it.
+    """
     out = out or sys.stdout
     log = log or sys.stderr
-    env = os.environ
-    if prompts is None:
-        prompts = select_prompts(load_prompts(Path(env.get("SPECCHAT_BENCH_PROMPT_FILE")
-                                                   or PROMPTS_PATH)),
-                                 env.get("SPECCHAT_BENCH_PROMPTS"))
-    if specs is None:
-        if env.get("SPECCHAT_BENCH_CONFIGS"):
-            specs = [RunSpec.parse(s) for s in env["SPECCHAT_BENCH_CONFIGS"].split(",") if s.strip()]
-        else:
-            k_text = env.get("SPECCHAT_BENCH_K")
-            specs = default_specs([int(k) for k in k_text.split(",")] if k_text else
-                                  DEFAULT_K_VALUES)
+    prompts = load_prompts() if prompts is None else prompts
+    specs = default_specs() if specs is None else specs
     if not any(spec.drafter is None for spec in specs):
-        specs = [RunSpec(None), *specs]  # the ratios need the target-only row
+        specs = [RunSpec(None), *specs]
     if max_tokens is None:
-        max_tokens = int(env.get("SPECCHAT_BENCH_MAX_TOKENS") or 0) or (
-            DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens else config.max_tokens)
-    if warmup is None:
-        warmup = env.get("SPECCHAT_BENCH_WARMUP", "1") != "0"
-    if fresh_policy is None:
-        fresh_policy = env.get("SPECCHAT_BENCH_FRESH_POLICY", "0") == "1"
-    if repeats is None:
-        repeats = int(env.get("SPECCHAT_BENCH_REPEATS") or 1)
+        max_tokens = (DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens
+                      else config.max_tokens)
 
     owned = backends is None
     if backends is None:
@@ -288,7 +271,8 @@ def select_prompts(prompts: list[BenchPrompt], selection: str | None) -> list[Be
     wanted = {s.strip() for s in selection.split(",")}
     chosen = [p for p in prompts if p.id in wanted or p.category in wanted]
     if not chosen:
-        raise ValueError(f"SPECCHAT_BENCH_PROMPTS={selection!r} matches no prompt id or category")
+        ids = ", ".join(sorted({p.id for p in prompts} | {p.category for p in prompts}))
+        raise ValueError(f"no bench prompt id or category matches {selection!r}; known: {ids}")
     return chosen
 
 

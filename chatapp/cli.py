@@ -57,6 +57,22 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _bench_configs(text: str) -> list[Any]:
+    from chatapp.bench import RunSpec
+
+    try:
+        return [RunSpec.parse(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _k_values(text: str) -> list[int]:
+    values = [_positive_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one K, e.g. 1,2,4")
+    return values
+
+
 def _model_options() -> argparse.ArgumentParser:
     """Options shared by the chat app, run and bench; absent ones leave the config untouched."""
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
@@ -95,6 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", parents=[common], help="list known models and what is installed")
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
+    bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
+                       "or categories (code-write, code-edit, prose, qa); default: all")
+    bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
+                       "assets/bench_prompts.json")
+    bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
+                       "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto (default: "
+                       "target, K=1..8, auto, ngram auto, ngram+model auto)")
+    bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
+                       "e.g. 1,2,4")
+    bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "
+                       "times, interleaved, and keep each configuration's fastest run")
+    bench.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip the short warm-up run of every configuration")
+    bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
+                       "every prompt (the cold first turn) instead of one kept across prompts")
     return parser
 
 
@@ -104,6 +135,22 @@ def load_settings(args: argparse.Namespace) -> Config:
     config = load_config(options.get("config"))
     names = set(Config.__dataclass_fields__)
     return config.with_overrides(**{k: v for k, v in options.items() if k in names})
+
+
+def bench(config: Config, args: argparse.Namespace) -> int:
+    """`specchat bench` with the prompts and configurations its flags choose."""
+    from chatapp.bench import PROMPTS_PATH, bench_command, default_specs, load_prompts, \
+        select_prompts
+
+    try:
+        prompts = select_prompts(load_prompts(args.prompt_file or PROMPTS_PATH), args.prompts)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"specchat bench: cannot use those prompts: {error}", file=sys.stderr)
+        return 2
+    specs = args.configs or (default_specs(args.k_values) if args.k_values else None)
+    return bench_command(config, args.json_path, prompts=prompts, specs=specs,
+                         warmup=args.warmup, fresh_policy=args.fresh_policy,
+                         repeats=args.repeats)
 
 
 def stay_offline() -> None:
@@ -124,9 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "models":
             return models_command(config)
         if command == "bench":
-            from chatapp.bench import bench_command
-
-            return bench_command(config, args.json_path)
+            return bench(config, args)
         from chatapp.tui.app import run_app
 
         return run_app(config, vars(args).get("config"))

@@ -193,3 +193,35 @@ def test_engine_share_is_the_time_outside_the_model_calls(tmp_path: Path, monkey
     generation_s = row["total_s"] - row["prompt_s"]
     assert row["engine_share"] == pytest.approx(len(sampling_calls) * 0.001 / generation_s)
     assert f"{row['engine_share']:.1%}" in out.getvalue()
+
+
+def test_bench_flags_choose_prompts_configs_and_repeats() -> None:
+    from chatapp.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--configs", "target,model:3,ngram:auto",
+                                      "--repeats", "3", "--no-warmup", "--prompts", "code-edit"])
+    assert args.configs == [RunSpec(None), RunSpec("model", 3), RunSpec("ngram", None)]
+    assert (args.repeats, args.warmup, args.fresh_policy, args.prompts) == (3, False, False,
+                                                                            "code-edit")
+    defaults = build_parser().parse_args(["bench", "--k-values", "1,4"])
+    assert (defaults.configs, defaults.k_values, defaults.repeats, defaults.warmup) == (
+        None, [1, 4], 1, True)
+
+
+@pytest.mark.parametrize("argv", [["--configs", "model:0"], ["--configs", "draft:3"],
+                                  ["--k-values", "1,x"], ["--repeats", "0"]])
+def test_bad_bench_flags_are_one_line_and_exit_2(argv, capsys) -> None:
+    from chatapp.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", *argv])
+    assert exit_info.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_unknown_prompt_selection_names_the_known_ones(capsys) -> None:
+    from chatapp.cli import main
+
+    assert main(["bench", "--prompts", "poetry"]) == 2
+    error = capsys.readouterr().err
+    assert "poetry" in error and "code-edit" in error and "Traceback" not in error

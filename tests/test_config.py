@@ -1,13 +1,21 @@
-"""Config file errors name the file, the line and the key; CLI flags override the file."""
+"""Config file errors name the file, the line and the key; CLI flags override the file; save_config
+writes a file that loads back the same, keeping a hand-edited file's comments."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chatapp.cli import build_parser, load_settings, main
-from chatapp.config import Config, ConfigError, load_config
+from chatapp.config import Config, ConfigError, load_config, save_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -80,3 +88,192 @@ def test_a_broken_config_is_one_line_not_a_traceback(tmp_path: Path,
     assert main(["--config", str(path), "models"]) == 1
     err = capsys.readouterr().err
     assert "config.toml" in err and "Traceback" not in err
+
+
+# -- save_config: what the settings screen's "Save as defaults" writes ---------------------------
+
+TRICKY_PROMPTS = ["", 'He said "hi"', "back\\slash \\n not a newline", "two\nlines\n",
+                  "tab\tand\r\nCRLF", "unicode: ü ñ 漢字 🙂", '"""triple"""', "'''single'''",
+                  "# not a comment", "temperature = 9\nseed = 1", "ctrl \x00\x01\x1f\x7f end",
+                  "\\", '"', "\\\"", "trailing backslash \\"]
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("prompt", TRICKY_PROMPTS)
+@pytest.mark.parametrize("seed, draft_length", [(None, "auto"), (0, "0"), (42, "16"), (None, "3")])
+def test_save_then_load_gives_the_same_config(tmp_path: Path, prompt: str, seed: int | None,
+                                              draft_length: str) -> None:
+    config = Config(system_prompt=prompt, seed=seed, draft_length=draft_length, temperature=0.7)
+    path = tmp_path / "config.toml"
+    assert save_config(config, path) == path
+    assert load_config(path) == config
+
+
+configs = st.builds(
+    Config,
+    draft=st.text(), target=st.text(),
+    backend=st.sampled_from(["llama", "hf"]),
+    drafter=st.sampled_from(["model", "ngram", "ngram+model"]),
+    draft_length=st.sampled_from(["auto"] + [str(k) for k in range(17)]),
+    temperature=st.floats(min_value=0, allow_nan=False),
+    top_k=st.integers(0, 2**31), top_p=st.floats(min_value=0, max_value=1, exclude_min=True),
+    seed=st.none() | st.integers(0, 2**63 - 1), max_tokens=st.integers(1, 2**31),
+    system_prompt=st.text(), n_ctx=st.integers(64, 2**31),
+    threads=st.none() | st.integers(1, 512), gpu_layers=st.integers(-1, 999),
+    device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1"]),
+    dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16"]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=configs, second=configs)
+def test_any_config_round_trips_also_over_a_file_saved_before(first: Config,
+                                                              second: Config) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "config.toml"
+        save_config(first, path)
+        assert load_config(path) == first
+        save_config(second, path)  # an update in place of the first file
+        assert load_config(path) == second
+
+
+def test_a_new_file_holds_only_what_differs_from_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    save_config(Config(), path)
+    assert [line for line in path.read_text().splitlines() if not line.startswith("#")] == []
+    save_config(Config(temperature=0.5, system_prompt='say "hi"\n', draft_length="auto"), path)
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    assert lines == ['draft_length = "auto"', "temperature = 0.5",
+                     'system_prompt = "say \\"hi\\"\\n"']
+
+
+HAND_EDITED = """\
+# my specchat settings
+temperature = 0.2   # a little warmth
+top_k = 40
+
+# the prompt, with a '#' and a 'key =' inside the string
+system_prompt = \"\"\"
+You are terse. # really
+seed = 7
+\"\"\"  # keep this comment
+seed = 3  # fixed while I debug
+"""
+
+
+def test_a_hand_edited_file_keeps_its_comments_and_other_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, HAND_EDITED)
+    os.chmod(path, 0o644)
+    old = load_config(path)
+    new = dataclasses.replace(old, temperature=0.9, seed=None, top_p=0.5)
+    save_config(new, path)
+    assert path.read_text() == """\
+# my specchat settings
+temperature = 0.9   # a little warmth
+top_k = 40
+
+# the prompt, with a '#' and a 'key =' inside the string
+system_prompt = \"\"\"
+You are terse. # really
+seed = 7
+\"\"\"  # keep this comment
+# seed = 3  # fixed while I debug
+top_p = 0.5
+"""
+    assert load_config(path) == new
+    assert _mode(path) == 0o600  # the mode of an existing file is tightened too
+    # A changed multi-line string is rewritten in place, its trailing comment kept.
+    newer = dataclasses.replace(new, system_prompt="Be brief.")
+    save_config(newer, path)
+    assert 'system_prompt = "Be brief."  # keep this comment\n' in path.read_text()
+    assert "seed = 7" not in path.read_text() and load_config(path) == newer
+
+
+def test_unchanged_settings_leave_the_file_as_it_was(tmp_path: Path) -> None:
+    path = _write(tmp_path, "temperature = 1   # an int in the file, a float in Config\n"
+                            "draft_length = 4\n")
+    save_config(load_config(path), path)
+    assert path.read_text() == ("temperature = 1   # an int in the file, a float in Config\n"
+                                "draft_length = 4\n")
+
+
+def test_crlf_files_keep_crlf(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"# windows\r\ntop_k = 5\r\n")
+    save_config(Config(top_k=6, max_tokens=99), path)
+    assert path.read_bytes() == b"# windows\r\ntop_k = 6\r\nmax_tokens = 99\r\n"
+
+
+def test_created_directories_are_0700_existing_ones_untouched(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    path = tmp_path / "new" / "specchat" / "config.toml"
+    save_config(Config(top_k=3), path)
+    assert _mode(path) == 0o600
+    assert _mode(tmp_path / "new") == 0o700 and _mode(tmp_path / "new" / "specchat") == 0o700
+    assert _mode(tmp_path) == 0o755
+    assert [p.name for p in path.parent.iterdir()] == ["config.toml"]  # no temporary file left
+
+
+def test_a_symlinked_config_file_is_updated_through_the_link(tmp_path: Path) -> None:
+    real = _write(tmp_path, "top_k = 1\n")
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    save_config(Config(top_k=2), link)
+    assert link.is_symlink() and load_config(real).top_k == 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_directory_is_a_config_error(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = _write(directory, "top_k = 1\n")
+    os.chmod(directory, 0o500)
+    try:
+        with pytest.raises(ConfigError, match=r"ro/config\.toml: Permission denied"):
+            save_config(Config(top_k=2), path)
+    finally:
+        os.chmod(directory, 0o700)
+    assert path.read_text() == "top_k = 1\n"
+
+
+def test_a_refused_write_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-only case simulated, so that it also runs as root."""
+    path = _write(tmp_path, "top_k = 1\n")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(ConfigError, match=r"config\.toml: Permission denied\.$"):
+        save_config(Config(top_k=2), path)
+    assert path.read_text() == "top_k = 1\n"
+
+
+def test_a_full_disk_leaves_the_old_file_and_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, "# mine\ntop_k = 1\n")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ConfigError, match=r"config\.toml: No space left on device"):
+        save_config(Config(top_k=2), path)
+    assert path.read_text() == "# mine\ntop_k = 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
+
+
+def test_a_parent_that_is_a_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"afile/config\.toml: Not a directory"):
+        save_config(Config(top_k=2), tmp_path / "afile" / "config.toml")
+
+
+def test_a_broken_file_is_not_overwritten(tmp_path: Path) -> None:
+    path = _write(tmp_path, "# mine\ntop_k = [\n")
+    with pytest.raises(ConfigError, match=r"config\.toml"):
+        save_config(Config(top_k=2), path)
+    assert path.read_text() == "# mine\ntop_k = [\n"

@@ -647,7 +647,7 @@ class SpecChatApp(App[int]):
         ]
 
     def action_settings(self) -> None:
-        self.push_screen(SettingsScreen(self.config), self.apply_config)
+        self.push_screen(SettingsScreen(self.config, self.config_path), self.apply_config)
 
     def apply_config(self, config: Config | None) -> None:
         if config is None or config == self.config:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError
+from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError, default_config_path, save_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
@@ -91,13 +92,17 @@ SETTING_FIELDS = (
 
 
 class SettingsScreen(ModalScreen[Config | None]):
-    """Sampling, draft length, system prompt and models. Returns the new Config (or None)."""
+    """Sampling, draft length, system prompt and models. Returns the new Config (or None).
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    "Save as defaults" also writes them to ``config_path`` (None: the default config file)."""
 
-    def __init__(self, config: Config) -> None:
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
+                Binding("f8,alt+s", "save_defaults", "Save as defaults")]
+
+    def __init__(self, config: Config, config_path: Path | None = None) -> None:
         super().__init__()
         self.config = config
+        self.config_path = config_path
 
     def compose(self) -> ComposeResult:
         with Vertical(id="settings-box", classes="dialog"):
@@ -121,6 +126,8 @@ class SettingsScreen(ModalScreen[Config | None]):
             yield Label("", id="settings-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="settings-save")
+                yield Button("Save as defaults (F8)", id="settings-save-defaults",
+                             tooltip="Apply, and write to the config file for the next start")
                 yield Button("Cancel (Esc)", id="settings-cancel")
 
     def on_mount(self) -> None:
@@ -129,6 +136,8 @@ class SettingsScreen(ModalScreen[Config | None]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "settings-save":
             self.action_save()
+        elif event.button.id == "settings-save-defaults":
+            self.action_save_defaults()
         else:
             self.action_cancel()
 
@@ -141,6 +150,17 @@ class SettingsScreen(ModalScreen[Config | None]):
         except (ConfigError, ValueError) as error:
             self.query_one("#settings-error", Label).update(Text(str(error)))
             return
+        self.dismiss(config)
+
+    def action_save_defaults(self) -> None:
+        """Apply the settings and write them to the config file; on failure stay open."""
+        try:
+            config = self.read_config()
+            path = save_config(config, self.config_path or default_config_path())
+        except (ConfigError, ValueError) as error:
+            self.query_one("#settings-error", Label).update(Text(str(error)))
+            return
+        self.notify(f"Saved to {path}", title="Settings saved", timeout=6, markup=False)
         self.dismiss(config)
 
     def read_config(self) -> Config:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.backends.base import BackendError, ChatMessage
-from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError, load_config
+from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
 SUBCOMMANDS = ("run", "bench", "models", "tui")
@@ -80,6 +80,8 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--draft", help="draft model: catalog alias or path")
     common.add_argument("--target", help="target model: catalog alias or path")
     common.add_argument("--backend", choices=BACKENDS, help="llama (GGUF, llama.cpp) or hf (PyTorch)")
+    common.add_argument("--draft-backend", choices=DRAFT_BACKENDS,
+                        help="the draft model's backend (default: same as the target's)")
     common.add_argument("--drafter", choices=DRAFTERS, help="who proposes draft tokens")
     common.add_argument("-k", "--draft-length", type=_draft_length,
                         help=f"draft tokens per step, 0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto")

@@ -27,6 +27,7 @@ from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
 BACKENDS = ("llama", "hf")
+DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 
 
@@ -39,6 +40,7 @@ class Config:
     draft: str = DEFAULT_DRAFT
     target: str = DEFAULT_TARGET
     backend: str = "llama"
+    draft_backend: str = "same"  # the draft model's backend; "same" as the target's
     drafter: str = "model"
     draft_length: str = "3"  # "0".."16" or "auto"
     temperature: float = 0.0
@@ -56,6 +58,11 @@ class Config:
     def __post_init__(self) -> None:
         for problem in _range_problems(self):
             raise ConfigError(problem)
+
+    @property
+    def draft_backend_name(self) -> str:
+        """The backend the draft model runs on: ``draft_backend``, or the target's for "same"."""
+        return self.backend if self.draft_backend == "same" else self.draft_backend
 
     def with_overrides(self, **overrides: Any) -> "Config":
         """A copy with every non-None override applied (CLI flags)."""
@@ -120,7 +127,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "draft": (str,), "target": (str,), "backend": (str,), "drafter": (str,),
+    "draft": (str,), "target": (str,), "backend": (str,), "draft_backend": (str,),
+    "drafter": (str,),
     "temperature": (float,), "top_k": (int,), "top_p": (float,), "seed": (int,),
     "max_tokens": (int,), "system_prompt": (str,), "n_ctx": (int,), "threads": (int,),
     "gpu_layers": (int,), "device": (str,), "dtype": (str,),
@@ -132,6 +140,9 @@ def _range_problems(config: Config) -> list[str]:
     problems = []
     if config.backend not in BACKENDS:
         problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}.")
+    if config.draft_backend not in DRAFT_BACKENDS:
+        problems.append(f"draft_backend must be one of {', '.join(DRAFT_BACKENDS)}, "
+                        f"got {config.draft_backend!r}.")
     if config.drafter not in DRAFTERS:
         problems.append(f"drafter must be one of {', '.join(DRAFTERS)}, got {config.drafter!r}.")
     if config.draft_length != "auto" and not (

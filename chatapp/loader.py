@@ -28,15 +28,17 @@ def _quiet(message: str, fraction: float | None) -> None:
 
 
 def load_backend(model: str, role: str, config: Config, progress: LoadProgress = _quiet) -> Backend:
-    """Resolve ``model`` (alias or path), assembling it if needed, and load it on the backend."""
+    """Resolve ``model`` (alias or path), assembling it if needed, and load it on the backend of
+    its ``role`` ("target": ``config.backend``; "draft": ``config.draft_backend_name``)."""
     def assembling(done: int, total: int) -> None:
         progress(f"Preparing {role} model {model}", done / total if total else None)
 
+    backend = config.draft_backend_name if role == "draft" else config.backend
     path = resolve_model(model, assembling)
     if not config.device.startswith("cuda"):
-        check_fits([path], config.backend, config.dtype if config.dtype != "auto" else "float32")
+        check_fits([path], backend, config.dtype if config.dtype != "auto" else "float32")
     progress(f"Loading {role} model {model}", None)
-    if config.backend == "hf":
+    if backend == "hf":
         from chatapp.backends.transformers_backend import TransformersBackend
 
         return TransformersBackend(path, device=config.device, dtype=config.dtype, n_ctx=config.n_ctx,

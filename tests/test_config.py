@@ -52,7 +52,8 @@ def test_wrong_type_names_the_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, key", [("top_p = 1.5", "top_p"), ("temperature = -1", "temperature"),
                                        ('draft_length = 99', "draft_length"),
-                                       ('backend = "gpu"', "backend")])
+                                       ('backend = "gpu"', "backend"),
+                                       ('draft_backend = "onnx"', "draft_backend")])
 def test_out_of_range_values_name_the_key_and_line(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"line 2: {key}"):
         load_config(_write(tmp_path, f"seed = 3\n{text}\n"))
@@ -277,3 +278,9 @@ def test_a_broken_file_is_not_overwritten(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config\.toml"):
         save_config(Config(top_k=2), path)
     assert path.read_text() == "# mine\ntop_k = [\n"
+
+
+def test_the_draft_runs_on_the_targets_backend_unless_told_otherwise(tmp_path: Path) -> None:
+    assert Config(backend="hf").draft_backend_name == "hf"
+    config = load_config(_write(tmp_path, 'backend = "hf"\ndraft_backend = "llama"\n'))
+    assert (config.backend, config.draft_backend_name) == ("hf", "llama")

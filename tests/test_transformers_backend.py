@@ -554,3 +554,40 @@ def test_smollm2_gguf_converts_once_and_chats(tmp_path: Path,
     tokens, _ = run(SpeculativeEngine(second), 0, SamplingParams(), 0, 8, prompt)
     reply = b"".join(second.token_bytes(t) for t in tokens).decode(errors="replace")
     assert "Paris" in reply
+
+    # The same GGUF on llama.cpp drafts for the transformers target: one token list, so the pair
+    # is accepted, and greedy verification keeps the target's own output.
+    from chatapp.backends.llama_cpp import LlamaCppBackend
+    from chatapp.engine import check_compatible
+
+    llama_draft = LlamaCppBackend(source, n_ctx=512)
+    try:
+        check_compatible(llama_draft, second)
+        mixed, steps = run(SpeculativeEngine(second, ModelDrafter(llama_draft)), 3,
+                           SamplingParams(), 0, 8, prompt)
+    finally:
+        llama_draft.close()
+    assert mixed == tokens and sum(step.accepted for step in steps) > 0
+
+
+class StubTokenizer:
+    """Just what ``token_pieces`` reads, for a vocabulary given as token strings."""
+
+    added_tokens_decoder: dict = {}
+
+    def __init__(self, strings: list[str]) -> None:
+        self.strings = strings
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.strings[i] for i in ids]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
+
+def test_padding_placeholders_from_gguf_have_no_bytes_as_in_llama_cpp() -> None:
+    pieces = transformers_backend.token_pieces(StubTokenizer(["a", "b", "[PAD2]", "[PAD7]"]), 5)
+    assert pieces == [b"a", b"b", b"", b"[PAD7]", b""]  # "[PAD7]" at id 3 is real text

@@ -378,7 +378,9 @@ def token_pieces(tokenizer: Any, vocab_size: int) -> list[bytes]:
     """Raw bytes of every id < ``vocab_size``: added tokens as their text; byte-level BPE tokens
     through the inverse GPT-2 byte table; ``<0xNN>`` byte-fallback tokens as that byte;
     SentencePiece pieces with U+2581 as a space; otherwise ``convert_tokens_to_string``.
-    Ids the tokenizer does not have give b""."""
+    Ids the tokenizer does not have give b"", and so do the ``[PAD<id>]`` placeholders that a
+    tokenizer converted from GGUF has for the padding rows of the embedding: llama.cpp marks
+    those ids unused and gives them no text, so both backends agree on the token list."""
     count = min(len(tokenizer), vocab_size)
     strings = tokenizer.convert_ids_to_tokens(list(range(count)))
     added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
@@ -387,7 +389,7 @@ def token_pieces(tokenizer: Any, vocab_size: int) -> list[bytes]:
     for token, string in enumerate(strings):
         if token in added:
             pieces.append(added[token].encode())
-        elif string is None:
+        elif string is None or string == f"[PAD{token}]":
             pieces.append(b"")
         else:
             pieces.append(_piece_bytes(string, byte_level, tokenizer))

@@ -104,10 +104,13 @@ def default_specs(k_values: Iterable[int] = DEFAULT_K_VALUES) -> list[RunSpec]:
 
 @dataclass
 class BenchBackends:
-    """The loaded models; ``draft`` is loaded on demand when a configuration needs it."""
+    """The loaded models; ``draft`` is loaded on demand when a configuration needs it, and
+    ``assistant`` (the draft on the transformers backend) when the assisted-generation reference
+    row needs it and the draft runs on another backend."""
 
     target: Backend
     draft: Backend | None = None
+    assistant: Backend | None = None
 
 
 class ModelClock:
@@ -240,7 +243,7 @@ def bench_command(config: Config, json_path: Path | None, *,
         rows = bench.run(prompts)
     finally:
         if owned:
-            for backend in (backends.target, backends.draft):
+            for backend in (backends.target, backends.draft, backends.assistant):
                 if backend is not None:
                     backend.close()
     summaries = summarise(rows, [spec.name for spec in specs] + bench.extra_configs)
@@ -325,6 +328,16 @@ class Bench:
             self.backends.draft = ModelClock(self.backends.draft)
         return self.backends.draft
 
+    def _assistant(self) -> Backend:
+        """The draft model as a transformers model, for the assisted-generation reference."""
+        if self.config.draft_backend_name == "hf":
+            return self._draft_backend()
+        if self.backends.assistant is None:
+            config = dataclasses.replace(self.config, draft_backend="hf")
+            self.backends.assistant = load_backend(config.draft, "draft", config,
+                                                   _progress(self.log))
+        return self.backends.assistant
+
     def _engine(self, spec: RunSpec) -> tuple[SpeculativeEngine, DraftPolicy]:
         target = self.backends.target
         drafter: Drafter | None = None
@@ -378,7 +391,7 @@ class Bench:
         for name, run in runs.items():
             run.speeds = speeds[name]
         if HF_ASSISTED in self.extra_configs:
-            runs[HF_ASSISTED] = hf_assisted(self.backends.target, self._draft_backend(), tokens,
+            runs[HF_ASSISTED] = hf_assisted(self.backends.target, self._assistant(), tokens,
                                             self.settings.max_tokens,
                                             runs[TARGET].stats.prompt_s)
             self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
@@ -421,7 +434,8 @@ class Bench:
     def meta(self) -> dict[str, Any]:
         target, draft = self.backends.target, self.backends.draft
         sampling = self.settings.sampling
-        return {"backend": self.config.backend, "target": target.name,
+        return {"backend": self.config.backend, "draft_backend": self.config.draft_backend_name,
+                "target": target.name,
                 "draft": draft.name if draft is not None else None,
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
                 "top_p": sampling.top_p, "max_tokens": self.settings.max_tokens,
@@ -438,8 +452,10 @@ class Bench:
             "auto policies kept across prompts, as across turns")
         if self.repeats > 1:
             policy += f"; fastest of {self.repeats} interleaved repeats per prompt"
+        backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
+            f"{meta['backend']} (draft on {meta['draft_backend']})")
         return (f"specchat bench: target {meta['target']}, draft {meta['draft'] or '-'}, backend "
-                f"{meta['backend']}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
+                f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}.")
 
 

@@ -258,7 +258,8 @@ class HistoryStore:
     # -- export ---------------------------------------------------------------------------------
 
     def export_markdown(self, chat_id: int, directory: Path | None = None) -> Path:
-        """Write the chat as Markdown into ``directory``; returns the file's path."""
+        """Write the chat as Markdown into ``directory``; returns the file's path. The file is
+        created readable by the user only (0600), like the history it comes from."""
         chat = self.get_chat(chat_id)
         if chat is None:
             raise HistoryError(f"There is no chat {chat_id} in {self.path}.")
@@ -266,7 +267,11 @@ class HistoryStore:
         directory.mkdir(parents=True, exist_ok=True)
         slug = re.sub(r"[^a-z0-9]+", "-", chat.title.lower()).strip("-")[:40] or "chat"
         path = directory / f"specchat-{chat.id}-{slug}.md"
-        path.write_text(chat_markdown(chat, self.messages(chat_id)), encoding="utf-8")
+        text = chat_markdown(chat, self.messages(chat_id))
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                       encoding="utf-8") as file:
+            file.write(text)
+        os.chmod(path, 0o600)
         return path
 
 

@@ -124,5 +124,8 @@ def test_export_to_markdown(store, tmp_path):
     assert "## You\n\nWhat is speculative decoding?" in text
     assert "## Assistant (stopped)\n\nA draft proposes." in text
     assert "> 12 tokens · 24.0 tok/s · K 3 · acceptance 60% · 2.40 tokens per target call" in text
+    assert path.stat().st_mode & 0o777 == 0o600  # a conversation stays private once exported
+    path.chmod(0o644)
+    assert store.export_markdown(chat, tmp_path / "out").stat().st_mode & 0o777 == 0o600
     with pytest.raises(HistoryError):
         store.export_markdown(chat + 100, tmp_path)

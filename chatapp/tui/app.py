@@ -8,9 +8,14 @@ worker thread too, which posts one message per speculation step (never per chara
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
+import os
+import select
+import signal
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +34,7 @@ from textual.worker import get_current_worker
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength
+from chatapp.engine import ContextOverflowError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.loader import LoadProgress as ProgressCallback
@@ -42,7 +48,7 @@ from chatapp.tui.screens import ChatListScreen, HelpScreen, HelpSection, Setting
 from chatapp.tui.stats_view import TurnInfo, decode_tokens_per_s, is_target_only
 from chatapp.tui.turn import Turn
 from chatapp.tui.widgets import (ChatInput, Conversation, Legend, MessageView, Note, StatsPanel,
-                                 StatusBar)
+                                 StatusBar, printable)
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 
@@ -67,6 +73,11 @@ HELP_TEXT = {
 
 # A target-only turn shorter than this is too noisy to be the speedup baseline.
 MIN_BASELINE_TOKENS = 8
+
+# Signals that end the app like ctrl+q (the reply stopped and saved, the history closed): the
+# terminal was closed (SIGHUP), the system or a process manager asks it to end (SIGTERM).
+QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGTERM")
+                     if hasattr(signal, name))
 
 
 def _short_model_name(name: str) -> str:
@@ -123,6 +134,7 @@ class SpecChatApp(App[int]):
         self._load_state = ("Starting", None)
         self._epoch = 0  # bumped when another chat is shown
         self._quit_when_loaded = False
+        self._signal_handlers: dict[int, Any] = {}  # signal -> the handler before ours
 
     # -- layout ---------------------------------------------------------------------------------
 
@@ -152,6 +164,7 @@ class SpecChatApp(App[int]):
         return self.query_one("#stats", StatsPanel)
 
     async def on_mount(self) -> None:
+        self._install_signal_handlers()
         try:
             self.history = HistoryStore(self.history_path)
         except HistoryError as error:
@@ -366,7 +379,7 @@ class SpecChatApp(App[int]):
         if self.history is None:
             return self.chat_id, None
         if self.chat_id is None:
-            title = " ".join(text.split())[:60]
+            title = " ".join(printable(text).split())[:60]
             self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
                                        self.config.target)
             if self.chat_id is None:
@@ -404,6 +417,11 @@ class SpecChatApp(App[int]):
                         self.post_message(ReplyStep(turn, pieces, None))
                     self.post_message(ReplyDone(turn, event.finish_reason.value, event.stats))
                     return
+        except ContextOverflowError as error:  # nothing was generated: the message goes back
+            turn.not_sent = True
+            self.post_message(ReplyFailed(turn, (
+                f"Your message was not sent. {error} (In the app: Settings, F4, Context.) "
+                "Your message is back in the message box.")))
         except Exception as error:  # shown in the app; the typed text goes back to the input
             self.post_message(ReplyFailed(turn, describe_error(error)))
 
@@ -481,9 +499,16 @@ class SpecChatApp(App[int]):
             self.update_status()
             self.refresh_bindings()
             self._refresh_stats()
+        if turn.not_sent and not turn.text:
+            if shown:
+                self.conversation.mount(Note(message.error, "error"))
+            self.notify(message.error, title="Message too long", severity="error", timeout=10,
+                        markup=False)
+            return
         if shown:
             self.conversation.mount(Note(f"The reply failed. {message.error}", "error"))
-        self.notify(message.error, title="The reply failed", severity="error", timeout=10)
+        self.notify(message.error, title="The reply failed", severity="error", timeout=10,
+                    markup=False)
 
     def _save_turn(self, turn: Turn, finish_reason: str, stats: Any) -> None:
         """Save the reply to its chat, once (a reply stopped by quitting is saved at exit)."""
@@ -766,11 +791,54 @@ class SpecChatApp(App[int]):
     def exit(self, result: int | None = None, return_code: int = 0,
              message: Any = None) -> None:
         """Stop a streaming reply and save it as it stands (stopped), then exit."""
+        self._stop_and_save_reply()
+        super().exit(result, return_code, message)
+
+    def _stop_and_save_reply(self) -> None:
         turn = self.turn
         if turn is not None and not turn.done:
             turn.cancel.set()
             self._save_turn(turn, "cancelled", turn.stats(self.clock()))
-        super().exit(result, return_code, message)
+
+    def _install_signal_handlers(self) -> None:
+        """Quit like ctrl+q on SIGHUP and SIGTERM: by default they end the process at once, and
+        the reply streaming then is lost. Needs the app's loop in the main thread (as ``run``
+        has it); elsewhere the signals keep their handlers."""
+        loop = asyncio.get_running_loop()
+        for signum in QUIT_SIGNALS:
+            previous = signal.getsignal(signum)
+            try:
+                loop.add_signal_handler(signum, self._quit_on_signal, signum)
+            except (ValueError, RuntimeError, NotImplementedError):
+                continue
+            self._signal_handlers[signum] = previous
+
+    def _remove_signal_handlers(self) -> None:
+        if not self._signal_handlers:
+            return
+        loop = asyncio.get_running_loop()
+        for signum, previous in self._signal_handlers.items():
+            try:
+                loop.remove_signal_handler(signum)
+                if previous is not None:
+                    signal.signal(signum, previous)
+            except (ValueError, RuntimeError):
+                pass
+        self._signal_handlers.clear()
+
+    def _quit_on_signal(self, signum: int) -> None:
+        """The terminal was closed, or the system asks the app to end: stop the reply, save it
+        as it stands, close the history and exit (status 128 + the signal, as a shell reports a
+        process ended by a signal)."""
+        if signum == getattr(signal, "SIGHUP", None) and _terminal_hung_up():
+            # Nothing can be shown or restored any more, and Textual's shutdown would write to
+            # the dead terminal: its output thread ends at the first failed write, and the app
+            # then waits for it forever. Save, close the history and leave at once.
+            self._stop_and_save_reply()
+            if self.history is not None:
+                self.history.close()
+            os._exit(128 + signum)
+        self.exit(return_code=128 + signum)
 
     async def action_quit(self) -> None:
         """Quit. A model load cannot be interrupted: the app says so and quits when it ends
@@ -784,12 +852,28 @@ class SpecChatApp(App[int]):
         self.exit()
 
     def on_unmount(self) -> None:
-        if self.turn is not None:
-            self.turn.cancel.set()
+        self._remove_signal_handlers()
+        if self.turn is not None:  # an exit that did not pass through ``exit`` (a crash)
+            self._stop_and_save_reply()
         elif self.session is not None:
             _close_session(self.session)
         if self.history is not None:
             self.history.close()
+
+
+def _terminal_hung_up() -> bool:
+    """Whether the terminal the app draws on (stderr, as Textual has it) was closed: its
+    descriptor then polls as hung up, or as an error for a pipe nobody reads."""
+    stream = sys.__stderr__
+    try:
+        fd = stream.fileno() if stream is not None else -1
+    except (OSError, ValueError):
+        return False
+    if fd < 0:
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0))
 
 
 def _make_policy(config: Config, drafter: object) -> DraftPolicy:

@@ -35,6 +35,7 @@ class Turn:
     view: Any = None  # the MessageView showing the reply
     saved: bool = False  # the reply is in the history
     k_start: str = ""  # the draft policy's label when the reply started
+    not_sent: bool = False  # the message did not fit the context: nothing was generated
 
     @property
     def text(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from rich.style import Style
@@ -13,6 +14,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static, TextArea
+from textual.widgets.text_area import (Document, DocumentNavigator, EditResult, Location,
+                                       WrappedDocument)
 
 from chatapp.events import TokenSource
 from chatapp.stats import TurnStats
@@ -29,6 +32,46 @@ TOKEN_MEANINGS = {
 }
 
 
+# -- text on the screen -----------------------------------------------------------------------
+#
+# Messages hold exactly what was typed or generated; what goes on the screen must never be
+# something the terminal acts on (an escape sequence that recolours, clears or retitles it, a bell,
+# a NUL). C0 controls other than tab and the line breaks, DEL and the C1 controls are shown as
+# visible symbols instead, one for one (so that positions in the text and on the screen agree).
+# Line and paragraph separators, which terminals do not agree on, are shown as symbols too.
+
+_SHOWN = str.maketrans({
+    **{code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x0A, 0x0D)},  # ␀ ␇ ␛
+    0x7F: 0x2421,  # ␡
+    **{code: 0xFFFD for code in range(0x80, 0xA0)},  # C1 controls (0x9B is an 8-bit CSI)
+    0x2028: 0x21B5,  # line separator: ↵
+    0x2029: 0x00B6,  # paragraph separator: ¶
+})
+
+
+class Printable:
+    """Turns text into text that is safe to show on a terminal, piece by piece: controls become
+    visible symbols, CR LF and a lone CR become a line break (as in the message box). A CR at the
+    end of one piece and an LF at the start of the next are one line break, as if the text had
+    come at once."""
+
+    def __init__(self) -> None:
+        self.after_cr = False
+
+    def __call__(self, text: str) -> str:
+        if self.after_cr and text.startswith("\n"):
+            text = text[1:]
+        self.after_cr = text.endswith("\r")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return text.translate(_SHOWN)
+
+
+def printable(text: str) -> str:
+    """``text`` as it may be shown on a terminal (see ``Printable``)."""
+    return Printable()(text)
+
+
 class TokenText(Widget):
     """Text coloured by token source. ``append`` adds to one Rich ``Text``: no full re-render.
 
@@ -42,8 +85,9 @@ class TokenText(Widget):
     def __init__(self, pieces: Iterable[tuple[str, TokenSource | None]] = (), *,
                  id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.runs: list[tuple[str, TokenSource | None]] = []
-        self.text = Text()
+        self.runs: list[tuple[str, TokenSource | None]] = []  # exactly as given
+        self.text = Text()  # as shown: see ``printable``
+        self._shown = Printable()
         self._stale = True  # styles are read from CSS on the first render (and on theme change)
         self._styles: dict[TokenSource, Style] = {}
         self._add_runs(pieces)
@@ -73,18 +117,22 @@ class TokenText(Widget):
         self.refresh(layout=True)
 
     def _append_text(self, text: str, source: TokenSource | None) -> None:
-        """Append to ``self.text``, one span per run of a source: the same spans whether the
-        text was built at once or token by token."""
+        """Append to ``self.text`` as shown, one span per run of a source: the same spans
+        whether the text was built at once or token by token."""
+        shown = self._shown(text)
+        if not shown:
+            return
         start = len(self.text)
-        self.text.append(text)
+        self.text.append(shown)
+        end = len(self.text)
         if source is None:
             return
         style = self.token_style(source)
         spans = self.text.spans
         if spans and spans[-1].end == start and spans[-1].style is style:
-            spans[-1] = Span(spans[-1].start, start + len(text), style)
+            spans[-1] = Span(spans[-1].start, end, style)
         else:
-            spans.append(Span(start, start + len(text), style))
+            spans.append(Span(start, end, style))
 
     def _add_runs(self, pieces: Iterable[tuple[str, TokenSource | None]]
                   ) -> list[tuple[str, TokenSource | None]]:
@@ -103,6 +151,7 @@ class TokenText(Widget):
     def render(self) -> Text:
         if self._stale:
             self.text = Text()
+            self._shown = Printable()
             for text, source in self.runs:
                 self._append_text(text, source)
             self._stale = False
@@ -129,8 +178,42 @@ class Legend(TokenText):
         self.refresh(layout=True)
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class ChatDocument(Document):
+    """The message box's text. Lines break at LF, CR LF and CR only, and the text always has LF
+    line breaks: terminals paste line breaks as CR (xterm, VTE) or LF, and a message must not
+    depend on which. Every other character is kept as it came. (Textual's ``Document`` also breaks
+    lines at form feeds, vertical tabs, U+2028 and other separators, losing them, and joins all
+    lines with the first line break it saw, so that pasted LF lines could come out as CR LF.)"""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("")
+        self._newline = "\n"
+        self._lines = _LINE_BREAK.split(text)
+
+    def replace_range(self, start: Location, end: Location, text: str) -> EditResult:
+        """``Document.replace_range``, with the line breaks above."""
+        top, bottom = sorted((start, end))
+        top_row, top_column = top
+        bottom_row, bottom_column = bottom
+        lines = self._lines
+        replaced_text = self.get_text_range(top, bottom)
+        before = lines[top_row][:top_column] if top_row < len(lines) else ""
+        after = lines[bottom_row][bottom_column:] if bottom_row < len(lines) else ""
+        insert_lines = _LINE_BREAK.split(text)
+        insert_lines[0] = before + insert_lines[0]
+        destination_column = len(insert_lines[-1])
+        insert_lines[-1] += after
+        lines[top_row:bottom_row + 1] = insert_lines
+        return EditResult((top_row + len(insert_lines) - 1, destination_column), replaced_text)
+
+
 class ChatInput(TextArea):
-    """The message box: Enter sends, ctrl+j (or shift+enter) starts a new line."""
+    """The message box: Enter sends, ctrl+j (or shift+enter) starts a new line. It holds what
+    was typed or pasted exactly (line breaks as LF, see ``ChatDocument``) and shows control
+    characters as symbols."""
 
     BINDINGS = [Binding("ctrl+j,shift+enter", "newline", "New line", show=False)]
 
@@ -149,6 +232,22 @@ class ChatInput(TextArea):
             event.prevent_default()
             self.post_message(self.Submitted(self.text))
         # Any other key: TextArea._on_key runs next (dispatch walks the MRO).
+
+    def _set_document(self, text: str, language: str | None) -> None:
+        super()._set_document(text, language)
+        if type(self.document) is Document:  # plain text (always, here): the exact document
+            self.document = ChatDocument(text)
+            self.wrapped_document = WrappedDocument(self.document, tab_width=self.indent_width)
+            self.navigator = DocumentNavigator(self.wrapped_document)
+            self.move_cursor((0, 0))
+            self._rewrap_and_refresh_virtual_size()
+
+    def get_line(self, line_index: int) -> Text:
+        line = super().get_line(line_index)
+        shown = self.document.get_line(line_index).translate(_SHOWN)  # one symbol per character
+        if shown != line.plain:
+            line = Text(shown, end=line.end, no_wrap=line.no_wrap)
+        return line
 
     def action_newline(self) -> None:
         start, end = self.selection
@@ -188,6 +287,7 @@ class MessageView(Vertical):
         self.header = Label(self._header_text(), classes="message-header", markup=False)
         self.tokens: TokenText | None = None
         self.markdown: Markdown | None = None  # mounted on the first switch to plain text
+        self._markdown_shown = Printable()
         self._markdown_starting = False
         self._set_state_classes()
 
@@ -198,7 +298,7 @@ class MessageView(Vertical):
             self.tokens.display = self.highlight
             yield self.tokens
         else:
-            yield Static(Text(self.content), classes="message-body")
+            yield Static(Text(printable(self.content)), classes="message-body")
 
     @property
     def plain(self) -> str:
@@ -218,7 +318,7 @@ class MessageView(Vertical):
             return
         self.tokens.append(pieces)
         if self.markdown is not None and not self.highlight:
-            fragment = "".join(text for text, _ in pieces)
+            fragment = self._markdown_shown("".join(text for text, _ in pieces))
             if fragment:
                 self.markdown.append(fragment)
 
@@ -236,7 +336,8 @@ class MessageView(Vertical):
         markdown.display = not self.highlight
         await self.mount(markdown)
         self.markdown = markdown
-        markdown.append(self.plain)
+        self._markdown_shown = Printable()
+        markdown.append(self._markdown_shown(self.plain))
 
     def set_highlighting(self, on: bool) -> None:
         if self.role != "assistant" or on == self.highlight:
@@ -246,7 +347,8 @@ class MessageView(Vertical):
             self.tokens.display = on
         if self.markdown is not None:
             if not on:
-                self.markdown.update(self.plain)
+                self._markdown_shown = Printable()
+                self.markdown.update(self._markdown_shown(self.plain))
             self.markdown.display = not on
         elif not on and self.is_mounted:
             self.call_later(self._start_markdown)
@@ -294,7 +396,7 @@ class Note(Static):
     """A line from the app inside the conversation: context trimmed, an error, a hint."""
 
     def __init__(self, text: str, kind: str = "info", *, id: str | None = None) -> None:
-        super().__init__(Text(text), classes=f"note -{kind}", id=id)
+        super().__init__(Text(printable(text)), classes=f"note -{kind}", id=id)
 
 
 class Conversation(VerticalScroll, can_focus=True):

@@ -7,7 +7,8 @@ Contracts (beyond the ``Backend`` protocol in ``chatapp.backends.base``):
   saved as safetensors plus its tokenizer into ``<cache root>/hf/<key>/``, where ``key`` is the
   sha256 of the file's first MiB and its size. The folder is written under a temporary name and
   renamed, so a folder that exists is complete. Later loads read the folder (fast). The cache
-  root is ``platformdirs.user_cache_dir("specchat")`` unless ``cache_dir`` is given.
+  root is ``platformdirs.user_cache_dir("specchat")`` unless ``cache_dir`` is given. Folders
+  specchat creates there are 0700 and the files it writes 0600 (``chatapp.catalog.private_dir``).
 - Nothing is downloaded, no remote code runs and no pickled weights are read: every load is
   ``local_files_only=True``, ``trust_remote_code=False``, ``use_safetensors=True``.
 - Device and dtype are chosen at run time: ``"auto"`` is CUDA with bfloat16 when
@@ -39,11 +40,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
-import platformdirs  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
+from chatapp.catalog import cache_root, make_tree_private, private_dir  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
@@ -275,7 +276,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 # -- loading -------------------------------------------------------------------------------------
 
 def default_cache_root() -> Path:
-    return Path(platformdirs.user_cache_dir("specchat"))
+    return cache_root()
 
 
 def gguf_cache_key(gguf: Path) -> str:
@@ -357,11 +358,12 @@ def _dequantize_kwargs() -> dict[str, Any]:
 
 
 def _save_atomically(model: Any, tokenizer: Any, destination: Path) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(destination.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        make_tree_private(staging)
         staging.rename(destination)
     except OSError as exc:
         if not destination.is_dir():  # else another process finished the same conversion first

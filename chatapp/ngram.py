@@ -22,9 +22,11 @@ model. With an ``AutoDraftLength`` as advisor each source has its own acceptance
 statistics, so on a machine where the draft model does not pay the policy turns the model off and
 keeps the n-gram.
 
-``DeferredModelDrafter``: a ``ModelDrafter`` whose ``prefill`` does nothing; the draft model
+``DeferredModelDrafter``: a ``ModelDrafter`` whose ``prefill`` evaluates nothing; the draft model
 catches up on the first proposal (``evaluate_sequence`` feeds whatever it lacks in one batch).
-When the policy decides not to draft, the draft model never evaluates the prompt at all.
+When the policy decides not to draft, the draft model never evaluates the prompt at all. Its
+cache still never holds tokens that are not in the conversation: ``prefill`` drops whatever the
+new context no longer shares (a new chat, an edited message).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from chatapp.drafting import ModelDrafter, Proposal
+from chatapp.drafting import ModelDrafter, Proposal, rollback_to_prefix
 from chatapp.sampling import SamplingParams
 
 NGRAM_KIND = "ngram"
@@ -287,4 +289,5 @@ class DeferredModelDrafter(ModelDrafter):
     """A ``ModelDrafter`` that leaves the draft model alone until it is asked to draft."""
 
     def prefill(self, context: Sequence[int]) -> None:
-        """Nothing: ``propose`` brings the draft model's cache up to date when it is needed."""
+        """Drop cached tokens ``context`` does not share; ``propose`` feeds the rest when needed."""
+        rollback_to_prefix(self.backend, context)

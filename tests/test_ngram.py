@@ -159,6 +159,16 @@ def test_deferred_drafter_touches_the_draft_model_only_when_drafting() -> None:
     assert draft.evaluate_calls
 
 
+def test_deferred_drafter_drops_stale_tokens_when_the_conversation_changes() -> None:
+    draft = FakeBackend(noise=1.0)
+    engine = SpeculativeEngine(FakeBackend(), DeferredModelDrafter(draft))
+    _run(engine, PROMPT, FixedDraftLength(2), max_tokens=10)
+    assert len(draft.cached_tokens) > len(PROMPT)
+    other_chat = [PROMPT[0] + 1] + list(PROMPT[1:])
+    _run(engine, other_chat, FixedDraftLength(0), max_tokens=10)
+    assert len(draft.cached_tokens) == 0  # nothing is shared with the new chat; nothing evaluated
+
+
 def test_shadow_scoring_reports_would_be_acceptance() -> None:
     class Recorder:
         def __init__(self) -> None:

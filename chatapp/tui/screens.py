@@ -15,7 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from chatapp.config import BACKENDS, DRAFTERS, Config, ConfigError, default_config_path, save_config
+from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError,
+                            default_config_path, save_config)
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
@@ -117,6 +118,10 @@ class SettingsScreen(ModalScreen[Config | None]):
                     yield Label("Backend")
                     yield Select([(b, b) for b in BACKENDS], value=self.config.backend,
                                  allow_blank=False, id="set-backend")
+                    yield Label("Draft backend")
+                    yield Select([(b, b) for b in DRAFT_BACKENDS], value=self.config.draft_backend,
+                                 allow_blank=False, id="set-draft_backend",
+                                 tooltip="same: the target's backend")
                     yield Label("Drafter")
                     yield Select([(d, d) for d in DRAFTERS], value=self.config.drafter,
                                  allow_blank=False, id="set-drafter")
@@ -186,6 +191,7 @@ class SettingsScreen(ModalScreen[Config | None]):
             draft=text("draft") or self.config.draft,
             n_ctx=number("n_ctx", int, "Context"),
             backend=str(self.query_one("#set-backend", Select).value),
+            draft_backend=str(self.query_one("#set-draft_backend", Select).value),
             drafter=str(self.query_one("#set-drafter", Select).value),
             system_prompt=self.query_one("#set-system_prompt", TextArea).text,
         )

@@ -193,6 +193,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
     from chatapp.events import DoneEvent, TokenEvent
     from chatapp.loader import build_session, make_policy
+    from chatapp.session import fallback_template_note
     from chatapp.stats import format_summary
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -200,7 +201,9 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     _stderr_progress("", None)
     cancel = threading.Event()
     _cancel_on_interrupt(cancel)
-    _, events = session.stream([ChatMessage("user", text)], make_policy(config), cancel)
+    plan, events = session.stream([ChatMessage("user", text)], make_policy(config), cancel)
+    if plan.fallback_template:
+        print(f"note: {fallback_template_note(session.engine.target.name)}", file=sys.stderr)
     for event in events:
         if as_json:
             _print_json(event.to_json())

@@ -3,7 +3,9 @@
 ``ChatSession.stream(messages, ...)`` turns the conversation (system prompt first, if any) into
 prompt tokens with the target's chat template. When the conversation has outgrown the context
 window, the oldest turns are dropped (never the system prompt, never the newest user message) and
-``PromptPlan.dropped_messages`` says how many, so the UI can tell the user. The session owns the
+``PromptPlan.dropped_messages`` says how many, so the UI can tell the user; when the target has no
+usable chat template, ``PromptPlan.fallback_template`` is set and ``fallback_template_note`` is what
+to tell the user. The session owns the
 random generator, seeded once, so the same seed and settings give the same conversation.
 """
 
@@ -28,6 +30,14 @@ MIN_REPLY_ROOM = 64
 class PromptPlan:
     tokens: list[int]
     dropped_messages: int
+    fallback_template: bool = False  # the target had no usable chat template; ChatML was used
+
+
+def fallback_template_note(model_name: str) -> str:
+    """What to tell the user when ``model_name``'s chat template was missing or failed."""
+    return (f"{model_name} has no usable chat template, so the conversation is formatted with a "
+            "plain ChatML template; replies may be off. A model file that includes its chat "
+            "template (every model in `specchat models` does) avoids this.")
 
 
 class ChatSession:
@@ -54,7 +64,7 @@ class ChatSession:
                 continue  # a conversation restarts at a user turn
             tokens = target.chat_prompt(system + kept)
             if len(tokens) + room <= target.n_ctx:
-                return PromptPlan(tokens, dropped)
+                return PromptPlan(tokens, dropped, target.uses_fallback_template)
         tokens = target.chat_prompt(system + history[-1:])
         raise ContextOverflowError(
             f"Your message is {len(tokens)} tokens with the chat template, and the context window "

@@ -72,9 +72,10 @@ class EndlessFakeBackend(FakeBackend):
 
 def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 4096,
                      gate: threading.Event | None = None, error: BaseException | None = None,
-                     endless: bool = False,
+                     endless: bool = False, chat_template: bool = True,
                      ) -> Callable[[Config, Callable[[str, float | None], None]], ChatSession]:
-    """A session factory on fake backends (the target exact, the draft noisy)."""
+    """A session factory on fake backends (the target exact, the draft noisy); ``chat_template``
+    False: the target reports that it fell back to a plain template."""
     target_class = EndlessFakeBackend if endless else FakeBackend
 
     def factory(config: Config, progress: Callable[[str, float | None], None]) -> ChatSession:
@@ -83,7 +84,8 @@ def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 40
             assert gate.wait(10), "the test never opened the loading gate"
         if error is not None:
             raise error
-        engine = SpeculativeEngine(target_class(n_ctx=n_ctx, delay_s=delay_s),
+        engine = SpeculativeEngine(target_class(n_ctx=n_ctx, delay_s=delay_s,
+                                                has_chat_template=chat_template),
                                    ModelDrafter(FakeBackend(noise=1.0, n_ctx=n_ctx)))
         settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         return RecordingSession(engine, settings, seed=0)

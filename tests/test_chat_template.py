@@ -1,6 +1,9 @@
-"""render_chat: Jinja chat templates rendered as transformers does, with a ChatML fallback."""
+"""render_chat: Jinja chat templates rendered as transformers does, with a ChatML fallback the
+user is told about."""
 
 from __future__ import annotations
+
+import pytest
 
 from chatapp.backends.base import ChatMessage
 from chatapp.chat_template import render_chat
@@ -90,3 +93,21 @@ def test_sandbox_blocks_escapes() -> None:
 def test_sandbox_is_immutable() -> None:
     template = "{% set xs = [] %}{{ xs.append(1) }}"
     assert render_chat(template, MESSAGES, "", "") == (EXPECTED_CHATML, True)
+
+
+def test_run_tells_the_user_when_the_model_has_no_chat_template(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import chatapp.loader
+    from chatapp.backends.fake import FakeBackend
+    from chatapp.cli import main
+    from chatapp.engine import GenerationSettings, SpeculativeEngine
+    from chatapp.session import ChatSession
+
+    def fake_session(config, progress, with_draft=True):
+        target = FakeBackend(name="templateless", has_chat_template=False)
+        return ChatSession(SpeculativeEngine(target), GenerationSettings(max_tokens=5), seed=0)
+
+    monkeypatch.setattr(chatapp.loader, "build_session", fake_session)
+    assert main(["run", "-k", "0", "hello"]) == 0
+    err = capsys.readouterr().err
+    assert "note: templateless has no usable chat template" in err and "ChatML" in err

@@ -364,6 +364,26 @@ async def test_dropped_messages_are_announced(tui_make_app):
         assert any("left out of the context" in n for n in notes)
 
 
+async def test_a_model_without_a_chat_template_is_announced_once(tui_make_app):
+    app = tui_make_app(tui_fake_factory(chat_template=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for text in ("first", "second"):
+            await send(pilot, text)
+            await reply_done(pilot)
+        notes = [n.render().plain for n in app.query(Note)]
+        assert sum("no usable chat template" in n for n in notes) == 1
+
+
+async def test_a_model_with_a_chat_template_gets_no_template_note(tui_make_app):
+    app = tui_make_app(tui_fake_factory())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await reply_done(pilot)
+        assert not any("chat template" in n.render().plain for n in app.query(Note))
+
+
 async def test_highlighting_toggles_to_markdown_and_back(tui_make_app):
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -559,6 +579,26 @@ async def test_changing_the_models_in_settings_reloads_them(tui_make_app):
         assert not app.query("#load-error")
         assert "target fake-target" in str(app.query_one("#status").render())
         assert calls[1:] == ["no-such-model", "fake-target"]
+
+
+async def test_changing_the_draft_backend_in_settings_reloads_the_models(tui_make_app):
+    loaded = []
+    good = tui_fake_factory()
+
+    def factory(config, progress):
+        loaded.append(config.draft_backend)
+        return good(config, progress)
+
+    app = tui_make_app(factory)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.session
+        await pilot.press("f4")
+        app.screen.query_one("#set-draft_backend").value = "hf"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.session is not None and app.session is not first,
+                       what="the reload")
+        assert loaded == ["same", "hf"] and app.config.draft_backend == "hf"
 
 
 async def test_a_new_chat_mid_reply_stops_it_and_saves_it_to_its_own_chat(tui_make_app):

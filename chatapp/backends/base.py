@@ -32,6 +32,10 @@ class BackendError(RuntimeError):
 
 @runtime_checkable
 class Backend(Protocol):
+    uses_fallback_template: bool
+    """True after ``chat_prompt`` when the model had no usable chat template of its own and the
+    conversation was formatted with plain ChatML instead (the UI tells the user)."""
+
     @property
     def name(self) -> str:
         """Short human-readable model name, for the UI and error messages."""

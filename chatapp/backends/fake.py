@@ -28,8 +28,11 @@ _PIECES: list[bytes] = (
 
 class FakeBackend:
     def __init__(self, seed: int = 0, noise: float = 0.0, n_ctx: int = 4096, sharpness: float = 2.5,
-                 delay_s: float = 0.0, name: str = "fake", vocab_size: int | None = None) -> None:
+                 delay_s: float = 0.0, name: str = "fake", vocab_size: int | None = None,
+                 has_chat_template: bool = True) -> None:
         self._name = name
+        self._has_chat_template = has_chat_template
+        self.uses_fallback_template = False
         self._vocab_size = vocab_size or len(_PIECES)
         self._n_ctx = n_ctx
         self.delay_s = delay_s
@@ -81,6 +84,8 @@ class FakeBackend:
         return hashlib.sha256(b"\0".join(pieces)).hexdigest()
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The fake's one format; ``has_chat_template=False`` reports it as the fallback."""
+        self.uses_fallback_template = not self._has_chat_template
         text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
         return self.tokenize(text)
 

@@ -39,7 +39,7 @@ from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.loader import LoadProgress as ProgressCallback
 from chatapp.loader import build_session, generation_settings, make_policy
-from chatapp.session import ChatSession
+from chatapp.session import ChatSession, fallback_template_note
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import (LoadFailed, LoadProgress, ReplyDone, ReplyFailed, ReplyPlanned,
                                   ReplyStep, SessionLoaded)
@@ -53,8 +53,8 @@ from chatapp.tui.widgets import (ChatInput, Conversation, Legend, MessageView, N
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 
 # Fields whose change needs the models loaded again.
-RELOAD_FIELDS = ("target", "draft", "backend", "drafter", "n_ctx", "threads", "gpu_layers",
-                 "device", "dtype")
+RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
+                 "gpu_layers", "device", "dtype")
 # Longer descriptions for the help screen than the footer has room for.
 HELP_TEXT = {
     "help": "Help: this list of keys",
@@ -129,6 +129,7 @@ class SpecChatApp(App[int]):
         self.pending: str | None = None  # a message sent before the models were ready
         self.highlight = True
         self.baseline_tps: float | None = None  # decode tok/s of a target-only turn, this session
+        self._told_fallback_template = False  # the no-chat-template note shows once per model
         self.load_error: str | None = None
         self._load_generation = 0
         self._load_state = ("Starting", None)
@@ -280,6 +281,7 @@ class SpecChatApp(App[int]):
         if self._policy_from_config:
             self.policy.replace(_make_policy(self.config, self.session.engine.drafter))
         self.baseline_tps = None  # a new pair: measure the target alone again
+        self._told_fallback_template = False
         self.query_one("#loading").display = False
         self.update_status()
         if self.pending is not None:
@@ -402,7 +404,8 @@ class SpecChatApp(App[int]):
         worker = get_current_worker()
         try:
             plan, events = session.stream(turn.messages, self.policy, turn.cancel)
-            self.post_message(ReplyPlanned(turn, len(plan.tokens), plan.dropped_messages))
+            self.post_message(ReplyPlanned(turn, len(plan.tokens), plan.dropped_messages,
+                                           plan.fallback_template))
             pieces: list[tuple[str, TokenSource]] = []
             for event in events:
                 if worker.is_cancelled:
@@ -431,12 +434,19 @@ class SpecChatApp(App[int]):
         turn = message.turn
         turn.dropped_messages = message.dropped_messages
         turn.recorder.prompt_tokens = message.prompt_tokens
-        if message.dropped_messages and self._turn_is_shown(turn):
+        if not self._turn_is_shown(turn):
+            return
+        if message.dropped_messages:
             n = message.dropped_messages
             words = "message was" if n == 1 else f"{n} messages were"
             note = Note(f"The oldest {words} left out of the context so that the conversation "
                         f"fits the model's window ({self.config.n_ctx} tokens).", "warning")
             self.conversation.mount(note, before=turn.view)
+        if message.fallback_template and not self._told_fallback_template and self.session:
+            self._told_fallback_template = True  # once per loaded model
+            self.conversation.mount(
+                Note(fallback_template_note(self.session.engine.target.name), "warning"),
+                before=turn.view)
 
     def on_reply_step(self, message: ReplyStep) -> None:
         turn = message.turn

@@ -32,11 +32,13 @@ class LoadFailed(Message):
 
 
 class ReplyPlanned(Message):
-    def __init__(self, turn: Turn, prompt_tokens: int, dropped_messages: int) -> None:
+    def __init__(self, turn: Turn, prompt_tokens: int, dropped_messages: int,
+                 fallback_template: bool) -> None:
         super().__init__()
         self.turn = turn
         self.prompt_tokens = prompt_tokens
         self.dropped_messages = dropped_messages
+        self.fallback_template = fallback_template
 
 
 class ReplyStep(Message):

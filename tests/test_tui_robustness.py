@@ -282,6 +282,19 @@ async def test_control_characters_and_unicode_from_the_user_are_stored_exactly_a
     store.close()
 
 
+async def test_the_chat_list_shows_a_title_stored_raw_safely(tui_make_app, tmp_path):
+    store = HistoryStore(tmp_path / "data" / "history.sqlite3")  # e.g. written by an older version
+    store.create_chat("evil \x1b]0;PWNED\x07 title\nsecond line", draft="d\x1b[2J", target="t")
+    store.close()
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await keys(pilot, "ctrl+o")
+        await pilot.pause()
+        screen = assert_screen_is_safe(app)
+        assert "evil ␛]0;PWNED␇ title second line" in screen and "d␛[2J → t" in screen
+
+
 async def test_pasted_line_breaks_become_lf_and_other_separators_are_kept(tui_make_app):
     """The message box breaks lines at LF, CR LF and CR only (however the terminal pastes them,
     the message has LF), and keeps form feeds, vertical tabs, Unicode line separators... as they

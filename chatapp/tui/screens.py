@@ -20,7 +20,7 @@ from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigEr
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
-from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
+from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
 
@@ -246,12 +246,13 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def _describe(self, chat: ChatSummary) -> Text:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
         current = "  (open)" if chat.id == self.current_chat else ""
-        text = Text(chat.title or "(untitled)", style="bold")
+        title = " ".join(printable(chat.title).split())  # a history from anywhere: show it safely
+        text = Text(title or "(untitled)", style="bold")
         text.append(current)
         count = f"{chat.message_count} message" + ("" if chat.message_count == 1 else "s")
         text.append(f"\n  {count} · {stamp}", style="dim")
         if chat.target:
-            text.append(f" · {chat.draft} → {chat.target}", style="dim")
+            text.append(printable(f" · {chat.draft} → {chat.target}"), style="dim")
         return text
 
     def _highlighted_chat(self) -> int | None:

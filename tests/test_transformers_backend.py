@@ -421,12 +421,14 @@ def test_the_distribution_test_rejects_a_wrong_q(
 
 # -- loading from folders and GGUF files ---------------------------------------------------------
 
-def test_safetensors_folder_round_trip(tmp_path: Path) -> None:
+def test_safetensors_folder_round_trip(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     model, tokenizer = make_model(3, "llama"), make_tokenizer(CHATML)
     model.save_pretrained(tmp_path / "tiny", safe_serialization=True)
     tokenizer.save_pretrained(tmp_path / "tiny")
     original = TransformersBackend.from_model(model, tokenizer)
+    capfd.readouterr()
     loaded = TransformersBackend(tmp_path / "tiny", device="cpu")
+    assert "Loading weights" not in capfd.readouterr().err  # no progress bar of transformers' own
     assert loaded.name == "tiny" and loaded.weights_dir == tmp_path / "tiny"
     tokens = sequence(12)
     np.testing.assert_array_equal(loaded.evaluate(tokens, 4), original.evaluate(tokens, 4))

@@ -42,6 +42,7 @@ import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
 from chatapp.catalog import cache_root, make_tree_private, private_dir  # noqa: E402
@@ -57,6 +58,8 @@ _DTYPES = {
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SAFE_LOAD = {"local_files_only": True, "trust_remote_code": False}
+
+hf_logging.disable_progress_bar()  # loading progress goes through specchat's own callback
 
 
 class TransformersBackend:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import pickle
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -495,6 +496,50 @@ def test_folder_without_safetensors_weights(tmp_path: Path) -> None:
     make_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(BackendError, match="safetensors"):
         TransformersBackend(tmp_path, cache_dir=tmp_path)
+
+
+class _WritesWhenUnpickled:
+    """A pickle that creates a file when it is loaded: proof that something unpickled it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _folder_with_hostile_extras(folder: Path, marker: Path, weights: str) -> None:
+    """A model folder whose config names custom model code (which would create ``marker`` if run)
+    and whose weights are ``"safetensors"``, or only a pickle that creates ``marker``."""
+    model = make_model(0)
+    if weights == "safetensors":
+        model.save_pretrained(folder, safe_serialization=True)
+    else:
+        model.config.save_pretrained(folder)
+        (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_WritesWhenUnpickled(marker)))
+    make_tokenizer(CHATML).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+
+
+def test_pickled_weights_are_never_opened(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    _folder_with_hostile_extras(tmp_path / "model", marker, weights="pickle")
+    with pytest.raises(BackendError, match="safetensors"):
+        TransformersBackend(tmp_path / "model", cache_dir=tmp_path)
+    assert not marker.exists()
+
+
+def test_model_code_shipped_in_a_folder_is_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    _folder_with_hostile_extras(tmp_path / "model", marker, weights="safetensors")
+    try:
+        TransformersBackend(tmp_path / "model", cache_dir=tmp_path).close()
+    except BackendError:
+        pass  # refusing the folder is as good as loading the built-in architecture
+    assert not marker.exists()
 
 
 def test_folder_with_a_corrupt_config(tmp_path: Path) -> None:

@@ -295,6 +295,20 @@ async def test_the_chat_list_shows_a_title_stored_raw_safely(tui_make_app, tmp_p
         assert "evil ␛]0;PWNED␇ title second line" in screen and "d␛[2J → t" in screen
 
 
+async def test_keys_arriving_in_one_burst_keep_their_order(tui_make_app):
+    # A fast typist, or a terminal pasting without bracketed paste: the new-line keys arrive in
+    # the same read as the letters around them and must land where they were typed.
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.chat_input.focus()
+        for name in ["a", "ctrl+j", "b", "shift+enter", "c"]:
+            app.simulate_key(name)  # no pause between them
+        await wait_for(pilot, lambda: "c" in app.chat_input.text, what="the keys")
+        await pilot.pause()
+        assert app.chat_input.text == "a\nb\nc"
+
+
 async def test_pasted_line_breaks_become_lf_and_other_separators_are_kept(tui_make_app):
     """The message box breaks lines at LF, CR LF and CR only (however the terminal pastes them,
     the message has LF), and keeps form feeds, vertical tabs, Unicode line separators... as they

@@ -231,6 +231,13 @@ class ChatInput(TextArea):
             event.stop()
             event.prevent_default()
             self.post_message(self.Submitted(self.text))
+        elif event.key in ("ctrl+j", "shift+enter"):
+            # Here, not only through the binding: a binding runs after the keys already queued,
+            # so "a", ctrl+j, "b" arriving in one burst (a fast typist, a paste without bracketed
+            # paste) would become "ab\n".
+            event.stop()
+            event.prevent_default()
+            self.action_newline()
         # Any other key: TextArea._on_key runs next (dispatch walks the MRO).
 
     def _set_document(self, text: str, language: str | None) -> None:

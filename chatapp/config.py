@@ -41,8 +41,8 @@ class Config:
     target: str = DEFAULT_TARGET
     backend: str = "llama"
     draft_backend: str = "same"  # the draft model's backend; "same" as the target's
-    drafter: str = "model"
-    draft_length: str = "3"  # "0".."16" or "auto"
+    drafter: str = "ngram+model"  # prompt lookup first, the draft model when nothing matches
+    draft_length: str = "auto"  # "0".."16" or "auto" (measured: never drafts where it does not pay)
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0

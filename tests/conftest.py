@@ -109,7 +109,7 @@ def tui_make_app(tmp_path):
     from chatapp.tui.app import SpecChatApp
 
     def make(factory=None, config: Config | None = None, **kwargs: object) -> SpecChatApp:
-        config = config or Config(draft_length="3", seed=0, temperature=0.0)
+        config = config or Config(draft_length="3", drafter="model", seed=0, temperature=0.0)
         kwargs.setdefault("history_path", tmp_path / "data" / "history.sqlite3")
         kwargs.setdefault("export_dir", tmp_path / "exports")
         kwargs.setdefault("clock", TuiFakeClock())

@@ -145,9 +145,9 @@ def test_a_new_file_holds_only_what_differs_from_the_defaults(tmp_path: Path) ->
     path = tmp_path / "config.toml"
     save_config(Config(), path)
     assert [line for line in path.read_text().splitlines() if not line.startswith("#")] == []
-    save_config(Config(temperature=0.5, system_prompt='say "hi"\n', draft_length="auto"), path)
+    save_config(Config(temperature=0.5, system_prompt='say "hi"\n', drafter="model"), path)
     lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
-    assert lines == ['draft_length = "auto"', "temperature = 0.5",
+    assert lines == ['drafter = "model"', "temperature = 0.5",
                      'system_prompt = "say \\"hi\\"\\n"']
 
 

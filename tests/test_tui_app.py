@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from chatapp.backends.base import BackendError
+from chatapp.config import Config
 from chatapp.draft_policy import FixedDraftLength
 from chatapp.events import StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryStore
@@ -382,6 +383,16 @@ async def test_a_model_with_a_chat_template_gets_no_template_note(tui_make_app):
         await send(pilot, "first")
         await reply_done(pilot)
         assert not any("chat template" in n.render().plain for n in app.query(Note))
+
+
+@pytest.mark.parametrize("drafter, shown", [("model", "draft fake-draft → target"),
+                                             ("ngram", "draft prompt lookup → target"),
+                                             ("ngram+model", "draft prompt lookup + fake-draft →")])
+async def test_the_header_says_who_drafts(tui_make_app, drafter, shown):
+    app = tui_make_app(config=Config(draft="fake-draft", drafter=drafter, draft_length="3"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert shown in str(app.query_one("#status").render())
 
 
 async def test_highlighting_toggles_to_markdown_and_back(tui_make_app):

@@ -25,7 +25,7 @@ def main() -> int:
     if len(sys.argv) > 2:  # what a test shows when the app does not exit
         stacks = open(sys.argv[2], "w")  # noqa: SIM115 (open until the process ends)
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    app = SpecChatApp(Config(draft_length="3", seed=0, temperature=0.0),
+    app = SpecChatApp(Config(draft_length="3", drafter="model", seed=0, temperature=0.0),
                       session_factory=tui_fake_factory(max_tokens=100_000, delay_s=0.02,
                                                        endless=True),
                       history_path=history, export_dir=history.parent / "exports")

@@ -80,6 +80,13 @@ QUIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGTERM")
                      if hasattr(signal, name))
 
 
+def _drafter_label(config: Config) -> str:
+    """Who drafts, for the header: the draft model, prompt lookup, or lookup then the model."""
+    model = _short_model_name(config.draft)
+    return {"ngram": "prompt lookup", "ngram+model": f"prompt lookup + {model}"}.get(
+        config.drafter, model)
+
+
 def _short_model_name(name: str) -> str:
     return Path(name).name if "/" in name or "\\" in name else name
 
@@ -199,7 +206,7 @@ class SpecChatApp(App[int]):
         config = self.config
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" specchat ", style="bold reverse")
-        text.append(f" {config.backend} │ draft {_short_model_name(config.draft)} → target "
+        text.append(f" {config.backend} │ draft {_drafter_label(config)} → target "
                     f"{_short_model_name(config.target)} │ ")
         text.append(f"K {self.policy.label}", style="bold")
         if self.session is not None and self.session.engine.drafter is None:

@@ -201,7 +201,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     _stderr_progress("", None)
     cancel = threading.Event()
     _cancel_on_interrupt(cancel)
-    plan, events = session.stream([ChatMessage("user", text)], make_policy(config), cancel)
+    policy = make_policy(config, session.engine.drafter)
+    plan, events = session.stream([ChatMessage("user", text)], policy, cancel)
     if plan.fallback_template:
         print(f"note: {fallback_template_note(session.engine.target.name)}", file=sys.stderr)
     for event in events:

@@ -237,3 +237,24 @@ def test_first_token_distribution_matches_target_only_when_sampling() -> None:
         accepted += done.stats.accepted > 0
     assert 0 < accepted < samples
     assert fits(counts, p)
+
+
+def test_specchat_run_lets_the_auto_policy_advise_the_drafter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from chatapp.cli import main
+    from chatapp.session import ChatSession
+
+    advisors = []
+
+    class RecordingNgram(NgramDrafter):
+        def set_advisor(self, advisor) -> None:
+            advisors.append(advisor)
+            super().set_advisor(advisor)
+
+    def fake_session(config, progress, with_draft=True):
+        engine = SpeculativeEngine(FakeBackend(), RecordingNgram(FakeBackend().vocab_size))
+        return ChatSession(engine, GenerationSettings(max_tokens=5), seed=0)
+
+    monkeypatch.setattr(loader, "build_session", fake_session)
+    assert main(["run", "--drafter", "ngram", "-k", "auto", "hello"]) == 0
+    assert len(advisors) == 1 and isinstance(advisors[0], AutoDraftLength)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import os
 import select
 import signal
@@ -33,7 +32,7 @@ from textual.worker import get_current_worker
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength
+from chatapp.draft_policy import MAX_DRAFT_LENGTH, FixedDraftLength
 from chatapp.engine import ContextOverflowError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
@@ -286,7 +285,7 @@ class SpecChatApp(App[int]):
             self.exit()
             return
         if self._policy_from_config:
-            self.policy.replace(_make_policy(self.config, self.session.engine.drafter))
+            self.policy.replace(make_policy(self.config, self.session.engine.drafter))
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
         self.query_one("#loading").display = False
@@ -629,7 +628,7 @@ class SpecChatApp(App[int]):
         """The policy ``config`` asks for, told about the loaded drafter (if any)."""
         drafter = self.session.engine.drafter if self.session is not None else None
         self._policy_changed()
-        self.policy.replace(_make_policy(config, drafter))
+        self.policy.replace(make_policy(config, drafter))
         self._policy_from_config = self.session is None
 
     def _policy_changed(self) -> None:
@@ -891,14 +890,6 @@ def _terminal_hung_up() -> bool:
     poll = select.poll()
     poll.register(fd, select.POLLOUT)
     return any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0))
-
-
-def _make_policy(config: Config, drafter: object) -> DraftPolicy:
-    """``loader.make_policy``, passing the drafter where the loader takes it (an auto policy
-    then advises drafters with several sources)."""
-    if len(inspect.signature(make_policy).parameters) > 1:
-        return make_policy(config, drafter)  # type: ignore[call-arg]
-    return make_policy(config)
 
 
 def _close_session(session: ChatSession) -> None:

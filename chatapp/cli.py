@@ -192,7 +192,9 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
     from chatapp.events import DoneEvent, TokenEvent
+    from chatapp.draft_policy import AutoDraftLength
     from chatapp.loader import build_session, make_policy
+    from chatapp.policy_memory import memory_path, recall, remember
     from chatapp.session import fallback_template_note
     from chatapp.stats import format_summary
 
@@ -202,6 +204,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     cancel = threading.Event()
     _cancel_on_interrupt(cancel)
     policy = make_policy(config, session.engine.drafter)
+    if isinstance(policy, AutoDraftLength):
+        recall(policy, memory_path(config))
     plan, events = session.stream([ChatMessage("user", text)], policy, cancel)
     if plan.fallback_template:
         print(f"note: {fallback_template_note(session.engine.target.name)}", file=sys.stderr)
@@ -214,6 +218,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
             print()
             note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
             print(f"{format_summary(event.stats)}{note}", file=sys.stderr)
+    if isinstance(policy, AutoDraftLength):
+        remember(policy, memory_path(config))
     return 0
 
 

@@ -11,9 +11,11 @@ import math
 import statistics
 import threading
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 MAX_DRAFT_LENGTH = 16
+LEARNT_VERSION = 1  # the layout of AutoDraftLength.learnt()
+RESUME_WEIGHT = 4.0  # what an earlier run measured counts as at most this many observations
 
 
 class DraftPolicy(Protocol):
@@ -196,6 +198,37 @@ class AutoDraftLength:
             arm.shadowed = True
             arm.count_acceptance(proposed, min(matched, proposed), self.forget)
 
+    # -- what was learnt, kept between starts -------------------------------------------------
+
+    def learnt(self) -> dict[str, Any]:
+        """What this policy has measured (verification costs; per source: acceptance counts,
+        draft costs, catch-up) as plain JSON data, for ``resume`` in a later run."""
+        with self._lock:
+            return {"version": LEARNT_VERSION, "max_k": self.max_k,
+                    "verify": self._verify.learnt(),
+                    "arms": {kind: arm.learnt() for kind, arm in self._arms.items()}}
+
+    def resume(self, learnt: dict[str, Any]) -> None:
+        """Start from what an earlier policy on the same machine and models measured, instead
+        of exploring: it counts as at most ``RESUME_WEIGHT`` observations of each quantity, so
+        this run's own timings soon outweigh it. Raises ``ValueError`` (leaving the policy as
+        it was) for data of another version or shape."""
+        if learnt.get("version") != LEARNT_VERSION or learnt.get("max_k") != self.max_k:
+            raise ValueError("learnt data of another version or max_k")
+        verify = VerifyCostModel(self.max_k + 1, self._verify.forget, self._verify.slope_prior)
+        verify.resume(learnt["verify"])
+        arms = {}
+        for kind, data in dict(learnt["arms"]).items():
+            arm = _Arm(self.explore_k, self.probe_every)
+            arm.resume(data, self.explore_steps)
+            arms[str(kind)] = arm
+        with self._lock:
+            self._verify, self._arms = verify, arms
+            for arm in arms.values():
+                self._decide(arm)
+            self._shown_k = max((self._chosen_k(arm) for arm in arms.values()),
+                                default=self.explore_k)
+
     # -- introspection (tests, the bench, a stats view) -------------------------------------------
 
     def acceptance(self, kind: str = DEFAULT_KIND) -> list[float]:
@@ -298,6 +331,14 @@ class AutoDraftLength:
         arm.k = k
 
 
+def _non_negative_floats(values: Any) -> list[float]:
+    """``values`` as a list of finite floats >= 0, else ``ValueError``."""
+    out = [float(v) for v in values]
+    if not all(math.isfinite(v) and v >= 0.0 for v in out):
+        raise ValueError("negative or non-finite value")
+    return out
+
+
 def _prefix_products(values: list[float]) -> list[float]:
     """[v0, v0 v1, v0 v1 v2, ...]."""
     out, product = [], 1.0
@@ -322,6 +363,27 @@ class _Arm:
         self.hopeful = True  # drafting could pay if acceptance were high
         self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
         self.catchup: float | None = None  # extra draft seconds per step spent not drafting
+
+    def learnt(self) -> dict[str, Any]:
+        return {"accepted": list(self.accepted), "verified": list(self.verified),
+                "costs": list(self.costs), "catchup": self.catchup, "shadowed": self.shadowed,
+                "drafted_steps": self.drafted_steps}
+
+    def resume(self, data: dict[str, Any], explore_steps: int) -> None:
+        """Take ``learnt()`` data of an earlier run, its counts capped at ``RESUME_WEIGHT``."""
+        verified = _non_negative_floats(data["verified"])
+        accepted = _non_negative_floats(data["accepted"])
+        if len(accepted) != len(verified) or any(a > v for a, v in zip(accepted, verified)):
+            raise ValueError("accepted counts do not fit the verified counts")
+        most = max(verified, default=0.0)
+        scale = min(1.0, RESUME_WEIGHT / most) if most > 0.0 else 1.0
+        self.verified = [v * scale for v in verified]
+        self.accepted = [a * scale for a in accepted]
+        self.costs.extend(_non_negative_floats(data["costs"])[-self.costs.maxlen:])
+        catchup = data["catchup"]
+        self.catchup = None if catchup is None else _non_negative_floats([catchup])[0]
+        self.shadowed = bool(data["shadowed"])
+        self.drafted_steps = explore_steps if int(data["drafted_steps"]) > 0 else 0
 
     def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
                       step: int, stale_forget: float) -> None:
@@ -397,6 +459,18 @@ class VerifyCostModel:
         self._mean = [0.0] * (max_n + 1)
         self._weight = [0.0] * (max_n + 1)
         self._fitted: list[float] | None = None
+
+    def learnt(self) -> dict[str, list[float]]:
+        return {"mean": list(self._mean), "weight": list(self._weight)}
+
+    def resume(self, data: dict[str, Any]) -> None:
+        """Take ``learnt()`` data of an earlier run, each weight capped at ``RESUME_WEIGHT``."""
+        mean, weight = _non_negative_floats(data["mean"]), _non_negative_floats(data["weight"])
+        if len(mean) != self.max_n + 1 or len(weight) != self.max_n + 1:
+            raise ValueError("verification costs for another max_k")
+        self._mean = mean
+        self._weight = [min(w, RESUME_WEIGHT) for w in weight]
+        self._fitted = None
 
     def observe(self, n: int, seconds: float) -> None:
         if not 1 <= n <= self.max_n or not seconds >= 0.0:

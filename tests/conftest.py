@@ -9,6 +9,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,16 @@ def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 40
         return RecordingSession(engine, settings, seed=0)
 
     return factory
+
+
+@pytest.fixture(autouse=True)
+def private_state_dir(tmp_path_factory: pytest.TempPathFactory,
+                      monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The auto policy's memory (``chatapp.policy_memory``) goes to a folder of the test's own,
+    never to the user's state dir."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 
@@ -257,3 +258,63 @@ def test_make_policy_wires_auto_and_advises_drafters() -> None:
     assert isinstance(policy, AutoDraftLength)
     assert drafter.advisor is policy
     assert isinstance(make_policy(Config(draft_length="auto")), AutoDraftLength)
+
+
+# -- what was learnt, kept between starts ----------------------------------------------------------
+
+def test_a_resumed_policy_skips_exploring_and_keeps_the_decision() -> None:
+    first = AutoDraftLength()
+    ks = simulate(first, 300, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
+                  np.random.default_rng(1))
+    assert ks[:3] == [3, 3, 3] and first.current_k() == 0  # it explored, then stopped drafting
+    resumed = AutoDraftLength()
+    resumed.resume(json.loads(json.dumps(first.learnt())))  # through JSON, as on disk
+    assert resumed.current_k() == 0 and resumed.label == "auto(0)"
+    ks = simulate(resumed, 50, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
+                  np.random.default_rng(2))
+    assert ks == [0] * 50  # no exploring at K = 3 after a start
+
+
+def test_a_resumed_policy_drafts_at_once_where_drafting_pays() -> None:
+    first = AutoDraftLength()
+    simulate(first, 200, cheap, 0.002, lambda _: 0.8, np.random.default_rng(3))
+    resumed = AutoDraftLength()
+    resumed.resume(first.learnt())
+    assert resumed.current_k() == first.current_k() >= 4
+    ks = simulate(resumed, 5, cheap, 0.002, lambda _: 0.8, np.random.default_rng(4))
+    assert ks[0] == 0 and all(k >= 4 for k in ks[1:])  # one plain step re-times the baseline
+
+
+def test_what_was_learnt_weighs_little_against_new_timings() -> None:
+    first = AutoDraftLength()
+    simulate(first, 500, cheap, 0.002, lambda _: 0.9, np.random.default_rng(5))
+    resumed = AutoDraftLength()
+    resumed.resume(first.learnt())
+    assert resumed.current_k() >= 4
+    # The drafts stopped matching (another kind of text): the resumed policy follows quickly,
+    # faster than the run that measured it, which has 500 steps of evidence to unlearn.
+    ks = simulate(resumed, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
+    assert resumed.current_k() <= 1 and max(ks[-15:]) <= 1
+    ks = simulate(first, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
+    assert max(ks[-15:]) >= 3
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d.update(version=0),
+    lambda d: d.update(max_k=4),
+    lambda d: d["verify"].update(mean=[1.0, 2.0]),
+    lambda d: d["verify"]["weight"].__setitem__(1, -1.0),
+    lambda d: d["arms"]["default"].update(accepted=[5.0], verified=[1.0]),
+    lambda d: d["arms"]["default"].update(costs=[float("nan")]),
+    lambda d: d["arms"]["default"].pop("catchup"),
+])
+def test_damaged_learnt_data_is_refused_and_changes_nothing(damage) -> None:
+    first = AutoDraftLength()
+    simulate(first, 100, cheap, 0.002, lambda _: 0.8, np.random.default_rng(7))
+    data = json.loads(json.dumps(first.learnt()))
+    damage(data)
+    policy = AutoDraftLength()
+    before = policy.learnt()
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        policy.resume(data)
+    assert policy.learnt() == before

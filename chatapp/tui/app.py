@@ -32,12 +32,13 @@ from textual.worker import get_current_worker
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, FixedDraftLength
+from chatapp.draft_policy import MAX_DRAFT_LENGTH, AutoDraftLength, DraftPolicy, FixedDraftLength
 from chatapp.engine import ContextOverflowError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.loader import LoadProgress as ProgressCallback
 from chatapp.loader import build_session, generation_settings, make_policy
+from chatapp.policy_memory import memory_path, recall, remember
 from chatapp.session import ChatSession, fallback_template_note
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import (LoadFailed, LoadProgress, ReplyDone, ReplyFailed, ReplyPlanned,
@@ -285,7 +286,7 @@ class SpecChatApp(App[int]):
             self.exit()
             return
         if self._policy_from_config:
-            self.policy.replace(make_policy(self.config, self.session.engine.drafter))
+            self.policy.replace(self._configured_policy(self.config))
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
         self.query_one("#loading").display = False
@@ -480,6 +481,8 @@ class SpecChatApp(App[int]):
             self._save_turn(turn, message.finish_reason, message.stats)
             return
         self._finish_turn(turn, message.finish_reason, message.stats)
+        if isinstance(self.policy.inner, AutoDraftLength):
+            remember(self.policy.inner, memory_path(self.config))
         if is_target_only(message.stats) and message.stats.tokens >= MIN_BASELINE_TOKENS:
             self.baseline_tps = decode_tokens_per_s(message.stats)
 
@@ -626,10 +629,18 @@ class SpecChatApp(App[int]):
 
     def _install_policy(self, config: Config) -> None:
         """The policy ``config`` asks for, told about the loaded drafter (if any)."""
-        drafter = self.session.engine.drafter if self.session is not None else None
         self._policy_changed()
-        self.policy.replace(make_policy(config, drafter))
+        self.policy.replace(self._configured_policy(config))
         self._policy_from_config = self.session is None
+
+    def _configured_policy(self, config: Config) -> DraftPolicy:
+        """``make_policy`` for the loaded drafter (if any); an auto policy starts from what the
+        last run on this machine and pair measured (``chatapp.policy_memory``)."""
+        drafter = self.session.engine.drafter if self.session is not None else None
+        policy = make_policy(config, drafter)
+        if isinstance(policy, AutoDraftLength) and self.session is not None:
+            recall(policy, memory_path(config))
+        return policy
 
     def _policy_changed(self) -> None:
         """A policy stops advising the drafter once it is replaced (a fixed K gives no advice)."""

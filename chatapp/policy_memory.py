@@ -1,0 +1,61 @@
+"""The automatic draft length's measurements, kept from one start to the next.
+
+``AutoDraftLength`` learns this machine's costs (verifying n tokens, a draft token, the catch-up
+of an idle draft model) and each drafter's acceptance during the first reply; without a memory
+every start pays for that again. ``recall`` starts a policy from what the last run with the same
+machine, backends, models, drafter and threads measured; ``remember`` writes it after a reply.
+
+The file is ``<user state dir>/auto-policy/<key>.json`` (``~/.local/state/specchat`` on Linux),
+0600 in 0700 folders, written atomically. A file that is missing, unreadable or of another
+version is ignored and a write that fails is skipped: the memory only saves time, so it never
+stops a chat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from platformdirs import user_state_dir
+
+from chatapp.catalog import PRIVATE_FILE_MODE, private_dir
+from chatapp.config import Config
+from chatapp.draft_policy import AutoDraftLength
+
+
+def memory_path(config: Config) -> Path:
+    """Where the measurements for ``config``'s machine, models and drafter are kept."""
+    what = [config.backend, config.draft_backend_name, config.draft, config.target,
+            config.drafter, str(config.threads), str(config.gpu_layers), config.device,
+            config.dtype, str(os.cpu_count())]
+    key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
+    return Path(user_state_dir("specchat")) / "auto-policy" / f"{key}.json"
+
+
+def recall(policy: AutoDraftLength, path: Path) -> bool:
+    """Start ``policy`` from the measurements in ``path``; False (policy untouched) if none."""
+    try:
+        policy.resume(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+    return True
+
+
+def remember(policy: AutoDraftLength, path: Path) -> None:
+    """Write ``policy``'s measurements to ``path`` (atomically, 0600); failures are skipped."""
+    try:
+        folder = private_dir(path.parent)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".auto-policy-")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(policy.learnt(), out)
+            os.chmod(temporary, PRIVATE_FILE_MODE)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass

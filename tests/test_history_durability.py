@@ -48,7 +48,10 @@ def test_two_instances_writing_at_once_lose_nothing(tmp_path: Path) -> None:
 def test_a_writer_killed_mid_stream_keeps_every_finished_message(tmp_path: Path) -> None:
     path = tmp_path / "history.sqlite3"
     progress = tmp_path / "progress"
+    # The count of finished writes is replaced atomically: a kill between truncating and writing
+    # the file must not leave it empty.
     writer = textwrap.dedent(f"""
+        import os
         from pathlib import Path
         from chatapp.history import HistoryStore
         store = HistoryStore(Path({str(path)!r}))
@@ -57,7 +60,8 @@ def test_a_writer_killed_mid_stream_keeps_every_finished_message(tmp_path: Path)
         while True:
             store.add_message(chat, "user", "x" * 2000 + str(i))
             i += 1
-            Path({str(progress)!r}).write_text(str(i))
+            Path({str(progress)!r} + ".tmp").write_text(str(i))
+            os.replace({str(progress)!r} + ".tmp", {str(progress)!r})
     """)
     process = subprocess.Popen([sys.executable, "-c", writer], cwd=Path(__file__).parent.parent)
     deadline = time.monotonic() + 60

@@ -208,7 +208,7 @@ def save_config(config: Config, path: Path | None = None) -> Path:
                           f"same.")
     try:
         _make_dirs(target.parent)
-        _write_atomically(target, text.encode("utf-8"))
+        write_atomically(target, text.encode("utf-8"))
     except (OSError, UnicodeEncodeError) as error:
         raise ConfigError(f"Could not save the settings to {path}: {_reason(error)}.") from None
     return path
@@ -376,7 +376,7 @@ def _make_dirs(directory: Path) -> None:
         os.chmod(new, 0o700)  # whatever the umask
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Write to a temporary file next to ``path``, fsync it, rename it over ``path``, fsync the
     directory. The new file is 0600 (mkstemp's mode, set again in case of an odd umask)."""
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -16,13 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from platformdirs import user_state_dir
 
-from chatapp.catalog import PRIVATE_FILE_MODE, private_dir
-from chatapp.config import Config
+from chatapp.catalog import private_dir
+from chatapp.config import Config, write_atomically
 from chatapp.draft_policy import AutoDraftLength
 
 
@@ -47,15 +46,7 @@ def recall(policy: AutoDraftLength, path: Path) -> bool:
 def remember(policy: AutoDraftLength, path: Path) -> None:
     """Write ``policy``'s measurements to ``path`` (atomically, 0600); failures are skipped."""
     try:
-        folder = private_dir(path.parent)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".auto-policy-")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(policy.learnt(), out)
-            os.chmod(temporary, PRIVATE_FILE_MODE)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        private_dir(path.parent)
+        write_atomically(path, json.dumps(policy.learnt()).encode("utf-8"))
     except OSError:
         pass

@@ -48,7 +48,7 @@ from chatapp.tui.screens import ChatListScreen, HelpScreen, HelpSection, Setting
 from chatapp.tui.stats_view import TurnInfo, decode_tokens_per_s, is_target_only
 from chatapp.tui.turn import Turn
 from chatapp.tui.widgets import (ChatInput, Conversation, Legend, MessageView, Note, StatsPanel,
-                                 StatusBar, printable)
+                                 StatusBar, printable_line)
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 
@@ -388,7 +388,7 @@ class SpecChatApp(App[int]):
         if self.history is None:
             return self.chat_id, None
         if self.chat_id is None:
-            title = " ".join(printable(text).split())[:60]
+            title = printable_line(text)[:60]
             self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
                                        self.config.target)
             if self.chat_id is None:

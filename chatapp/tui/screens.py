@@ -20,7 +20,7 @@ from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigEr
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
-from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable
+from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable, printable_line
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
 
@@ -246,7 +246,7 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def _describe(self, chat: ChatSummary) -> Text:
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
         current = "  (open)" if chat.id == self.current_chat else ""
-        title = " ".join(printable(chat.title).split())  # a history from anywhere: show it safely
+        title = printable_line(chat.title)  # a history from anywhere: show it safely
         text = Text(title or "(untitled)", style="bold")
         text.append(current)
         count = f"{chat.message_count} message" + ("" if chat.message_count == 1 else "s")

@@ -72,6 +72,11 @@ def printable(text: str) -> str:
     return Printable()(text)
 
 
+def printable_line(text: str) -> str:
+    """``printable(text)`` on one line, runs of whitespace as one space (titles, list entries)."""
+    return " ".join(printable(text).split())
+
+
 class TokenText(Widget):
     """Text coloured by token source. ``append`` adds to one Rich ``Text``: no full re-render.
 

@@ -45,17 +45,20 @@ from typing import Any, TextIO
 import numpy as np
 
 from chatapp.backends.base import Backend, ChatMessage
+from chatapp.busy import BusyProcesses
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy
 from chatapp.drafting import Drafter, common_prefix_length
 from chatapp.engine import GenerationSettings, SpeculativeEngine
 from chatapp.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy
+from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice, available_cores
 
 PROMPTS_PATH = Path(__file__).resolve().parent.parent / "assets" / "bench_prompts.json"
 DEFAULT_BENCH_TOKENS = 128
 DEFAULT_K_VALUES = tuple(range(1, 9))
 WARMUP_TOKENS = 24
+BUSY_MAX_S = 3 * 3600  # --busy processes end by themselves after this, whatever happens
 TARGET = "target"
 
 
@@ -68,22 +71,34 @@ class BenchPrompt:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One configuration: ``drafter`` None is target-only; ``k`` None is the auto policy."""
+    """One configuration: ``drafter`` None is target-only; ``k`` None is the auto policy;
+    ``threads`` a fixed CPU thread count, "auto" (adaptive), or None (as the config says)."""
 
     drafter: str | None
     k: int | None = None
+    threads: str | None = None
 
     @property
     def name(self) -> str:
         if self.drafter is None:
-            return TARGET
-        k = "auto" if self.k is None else f"K={self.k}"
-        return k if self.drafter == "model" else f"{self.drafter} {k}"
+            base = TARGET
+        else:
+            k = "auto" if self.k is None else f"K={self.k}"
+            base = k if self.drafter == "model" else f"{self.drafter} {k}"
+        return base if self.threads is None else f"{base} @{self.threads}"
 
     @classmethod
     def parse(cls, text: str) -> "RunSpec":
-        """``target``, ``auto``, ``3``, or ``DRAFTER:K`` / ``DRAFTER:auto``."""
-        text = text.strip()
+        """``target``, ``auto``, ``3``, or ``DRAFTER:K`` / ``DRAFTER:auto``, each optionally
+        followed by ``@N`` (N CPU threads) or ``@auto`` (adaptive threads)."""
+        text, _, threads = text.strip().partition("@")
+        if threads and threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+            raise ValueError(f"bench configuration {text}@{threads}: the thread count after @ "
+                             "must be a number >= 1 or auto")
+        return dataclasses.replace(cls._parse_drafter(text.strip()), threads=threads or None)
+
+    @classmethod
+    def _parse_drafter(cls, text: str) -> "RunSpec":
         if text == TARGET:
             return cls(None)
         drafter, _, k = text.rpartition(":")
@@ -95,6 +110,12 @@ class RunSpec:
         if k.isdigit() and int(k) >= 1:
             return cls(drafter, int(k))
         raise ValueError(f"bench configuration {text!r}: K must be a number >= 1 or auto")
+
+    def thread_choice(self, cores: int) -> ThreadChoice | None:
+        """A new thread choice for one model in this configuration (None: the backend's own)."""
+        if self.threads is None:
+            return None
+        return AdaptiveThreads(cores) if self.threads == "auto" else FixedThreads(int(self.threads))
 
 
 def default_specs(k_values: Iterable[int] = DEFAULT_K_VALUES) -> list[RunSpec]:
@@ -215,6 +236,7 @@ def bench_command(config: Config, json_path: Path | None, *,
                   warmup: bool = True,
                   fresh_policy: bool = False,
                   repeats: int = 1,
+                  busy: int = 0,
                   out: TextIO | None = None,
                   log: TextIO | None = None) -> int:
     """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``.
@@ -222,12 +244,14 @@ def bench_command(config: Config, json_path: Path | None, *,
     Defaults: every prompt of ``assets/bench_prompts.json``, ``default_specs()``, and
     ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
     A set of ``specs`` without target-only decoding gets it added: the ratios need it.
+    ``busy`` CPU-bound processes run beside the measured runs (warm-up included), for at most
+    ``BUSY_MAX_S`` seconds.
     """
     out = out or sys.stdout
     log = log or sys.stderr
     prompts = load_prompts() if prompts is None else prompts
     specs = default_specs() if specs is None else specs
-    if not any(spec.drafter is None for spec in specs):
+    if RunSpec(None) not in specs:
         specs = [RunSpec(None), *specs]
     if max_tokens is None:
         max_tokens = (DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens
@@ -237,10 +261,11 @@ def bench_command(config: Config, json_path: Path | None, *,
     if backends is None:
         backends = BenchBackends(load_backend(config.target, "target", config, _progress(log)))
     try:
-        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats)
-        if warmup:
-            bench.warm_up(prompts[0])
-        rows = bench.run(prompts)
+        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy)
+        with BusyProcesses(busy, BUSY_MAX_S):
+            if warmup:
+                bench.warm_up(prompts[0])
+            rows = bench.run(prompts)
     finally:
         if owned:
             for backend in (backends.target, backends.draft, backends.assistant):
@@ -301,8 +326,10 @@ class _Run:
 
 class Bench:
     def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
-                 max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1) -> None:
+                 max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
+                 busy: int = 0) -> None:
         self.config = config
+        self.busy = busy
         self.repeats = max(1, repeats)
         self.backends = backends
         self.specs = list(specs)
@@ -312,6 +339,8 @@ class Bench:
         self.settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         self.seed = config.seed if config.seed is not None else 0
         self.extra_configs: list[str] = []
+        self._thread_choices: dict[tuple[str, str], ThreadChoice | None] = {}
+        self._own_thread_choices: dict[str, ThreadChoice] = {}  # each backend's, by role
         self._engines: dict[str, tuple[SpeculativeEngine, DraftPolicy]] = {}
         for spec in self.specs:
             self._engines[spec.name] = self._engine(spec)
@@ -361,7 +390,7 @@ class Bench:
         tokens = self.prompt_tokens(prompt)
         for spec in self.specs:
             engine, policy = self._engines[spec.name]
-            self._generate(engine, policy, tokens, settings)
+            self._generate(spec, engine, policy, tokens, settings)
 
     def run(self, prompts: Sequence[BenchPrompt]) -> list[Row]:
         rows: list[Row] = []
@@ -382,7 +411,7 @@ class Bench:
                 if self.fresh_policy and spec.drafter is not None and spec.k is None:
                     policy = self._policy(spec, engine.drafter)
                     self._engines[spec.name] = (engine, policy)
-                run = self._generate(engine, policy, tokens, self.settings, seed=number)
+                run = self._generate(spec, engine, policy, tokens, self.settings, seed=number)
                 self._log_run(number, total, prompt, spec.name, run)
                 speeds.setdefault(spec.name, []).append(_generation_speed(run.stats))
                 best = runs.get(spec.name)
@@ -403,8 +432,23 @@ class Bench:
             self.config.system_prompt) else []
         return self.backends.target.chat_prompt(system + [ChatMessage("user", prompt.text)])
 
-    def _generate(self, engine: SpeculativeEngine, policy: DraftPolicy, prompt: list[int],
-                  settings: GenerationSettings, seed: int = 0) -> _Run:
+    def _use_threads_of(self, spec: RunSpec) -> None:
+        """Give each loaded model the thread choice of ``spec`` (kept per configuration, so an
+        adaptive one learns across prompts as across turns), or its own one back."""
+        if all(s.threads is None for s in self.specs):
+            return
+        for role, backend in (("target", self.backends.target), ("draft", self.backends.draft)):
+            if backend is None:
+                continue
+            own = self._own_thread_choices.setdefault(role, backend.thread_choice)
+            key = (spec.name, role)
+            if key not in self._thread_choices:
+                self._thread_choices[key] = spec.thread_choice(available_cores())
+            backend.use_threads(self._thread_choices[key] or own)
+
+    def _generate(self, spec: RunSpec, engine: SpeculativeEngine, policy: DraftPolicy,
+                  prompt: list[int], settings: GenerationSettings, seed: int = 0) -> _Run:
+        self._use_threads_of(spec)
         for backend in (self.backends.target, self.backends.draft):
             if backend is not None:
                 backend.truncate(0)
@@ -427,7 +471,8 @@ class Bench:
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: _Run) -> None:
         speed = _generation_speed(run.stats)
         print(f"[{number}/{total}] {prompt.id:<16} {name:<18} {run.stats.tokens:4d} tokens "
-              f"{speed:6.1f} tok/s  {run.policy}", file=self.log, flush=True)
+              f"{speed:6.1f} tok/s  {run.policy}  threads {run.stats.threads}", file=self.log,
+              flush=True)
 
     # -- description --
 
@@ -440,7 +485,7 @@ class Bench:
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
                 "top_p": sampling.top_p, "max_tokens": self.settings.max_tokens,
                 "seed": self.seed, "threads": self.config.threads, "n_ctx": self.config.n_ctx,
-                "fresh_policy": self.fresh_policy, "repeats": self.repeats,
+                "fresh_policy": self.fresh_policy, "repeats": self.repeats, "busy": self.busy,
                 "cpus": os.cpu_count(),
                 "configs": [spec.name for spec in self.specs] + self.extra_configs}
 
@@ -452,6 +497,8 @@ class Bench:
             "auto policies kept across prompts, as across turns")
         if self.repeats > 1:
             policy += f"; fastest of {self.repeats} interleaved repeats per prompt"
+        if self.busy:
+            policy += f"; {self.busy} CPU-bound process{'es' if self.busy > 1 else ''} beside it"
         backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
             f"{meta['backend']} (draft on {meta['draft_backend']})")
         return (f"specchat bench: target {meta['target']}, draft {meta['draft'] or '-'}, backend "

@@ -118,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
                        "assets/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
-                       "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto (default: "
-                       "target, K=1..8, auto, ngram auto, ngram+model auto)")
+                       "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto, each optionally "
+                       "with @N (N CPU threads) or @auto (default: target, K=1..8, auto, "
+                       "ngram auto, ngram+model auto)")
     bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
                        "e.g. 1,2,4")
     bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "
                        "times, interleaved, and keep each configuration's fastest run")
+    bench.add_argument("--busy", type=_non_negative_int, default=0, help="run N CPU-bound "
+                       "processes beside the bench (a busy machine), stopped when it ends")
     bench.add_argument("--no-warmup", dest="warmup", action="store_false",
                        help="skip the short warm-up run of every configuration")
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
@@ -152,7 +155,7 @@ def bench(config: Config, args: argparse.Namespace) -> int:
     specs = args.configs or (default_specs(args.k_values) if args.k_values else None)
     return bench_command(config, args.json_path, prompts=prompts, specs=specs,
                          warmup=args.warmup, fresh_policy=args.fresh_policy,
-                         repeats=args.repeats)
+                         repeats=args.repeats, busy=args.busy)
 
 
 def stay_offline() -> None:
@@ -201,6 +204,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     text = sys.stdin.read() if prompt == "-" else prompt
     session = build_session(config, _stderr_progress, with_draft=config.draft_length != "0")
     _stderr_progress("", None)
+    for note in session.notes:
+        print(f"note: {note}", file=sys.stderr)
     cancel = threading.Event()
     _cancel_on_interrupt(cancel)
     policy = make_policy(config, session.engine.drafter)

@@ -149,7 +149,8 @@ class _Turn:
             step += 1
             if reason is not None:
                 break
-        yield DoneEvent(reason, self.stats.snapshot(time.perf_counter() - self.start))
+        yield DoneEvent(reason, self.stats.snapshot(time.perf_counter() - self.start,
+                                                    self.target.threads))
 
     def _prefill(self) -> None:
         """Bring both caches up to the prompt minus its last token (fed with the first step)."""

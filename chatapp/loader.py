@@ -102,4 +102,13 @@ def build_session(config: Config, progress: LoadProgress = _quiet,
         raise
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
-                       config.system_prompt)
+                       config.system_prompt, runtime_notes(config))
+
+
+def runtime_notes(config: Config) -> tuple[str, ...]:
+    """What the loaded backends ask to tell the user once (e.g. the AMX guard)."""
+    if "llama" not in (config.backend, config.draft_backend_name):
+        return ()
+    from chatapp.backends.llama_cpp import runtime_notes as llama_notes
+
+    return tuple(llama_notes())

@@ -42,8 +42,10 @@ def fallback_template_note(model_name: str) -> str:
 
 class ChatSession:
     def __init__(self, engine: SpeculativeEngine, settings: GenerationSettings,
-                 seed: int, system_prompt: str = "") -> None:
+                 seed: int, system_prompt: str = "", notes: tuple[str, ...] = ()) -> None:
+        """``notes``: what the user should be told once about how the models run here."""
         self.engine = engine
+        self.notes = notes
         self.settings = settings
         self.seed = seed
         self.system_prompt = system_prompt

@@ -6,6 +6,7 @@
   a step short).
 - per_position_accepted[i]: of the steps that verified a draft at position i+1, the fraction that
   accepted it.
+- threads: the CPU threads the target's evaluations used at the end of the turn (0: unknown).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class TurnStats:
     prompt_s: float = 0.0
     total_s: float = 0.0
     ttft_s: float = 0.0
+    threads: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -99,7 +101,7 @@ class StatsRecorder:
             self.verified_at[i] += 1
             self.accepted_at[i] += i < accepted
 
-    def snapshot(self, total_s: float) -> TurnStats:
+    def snapshot(self, total_s: float, threads: int = 0) -> TurnStats:
         per_position = tuple(
             a / v if v else 0.0 for a, v in zip(self.accepted_at, self.verified_at)
         )
@@ -115,6 +117,7 @@ class StatsRecorder:
             prompt_s=self.prompt_s,
             total_s=total_s,
             ttft_s=self.ttft_s,
+            threads=threads,
         )
 
 
@@ -132,8 +135,10 @@ def format_summary(stats: TurnStats) -> str:
             f"{stats.mean_accepted_length:.2f} tokens per target call over {stats.target_calls} "
             f"calls; acceptance by position: {positions}."
         )
+    threads = f" on {stats.threads} thread{'s' if stats.threads != 1 else ''}" \
+        if stats.threads else ""
     parts.append(
-        f"Time: draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s, "
+        f"Time{threads}: draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s, "
         f"prompt {stats.prompt_s:.2f} s, other {stats.other_s:.2f} s."
     )
     return " ".join(parts)

@@ -225,3 +225,26 @@ def test_unknown_prompt_selection_names_the_known_ones(capsys) -> None:
     assert main(["bench", "--prompts", "poetry"]) == 2
     error = capsys.readouterr().err
     assert "poetry" in error and "code-edit" in error and "Traceback" not in error
+
+
+def test_thread_counts_per_configuration(tmp_path: Path) -> None:
+    """`target@3` runs its model calls on 3 threads; plain `target` gets the backend's own back."""
+    assert RunSpec.parse("model:2@3") == RunSpec("model", 2, "3")
+    assert RunSpec.parse("target@auto").name == "target @auto"
+    with pytest.raises(ValueError, match="after @"):
+        RunSpec.parse("target@0")
+    target = FakeBackend()
+    out = io.StringIO()
+    bench_command(Config(seed=0), None, backends=BenchBackends(target), prompts=PROMPTS[:1],
+                  specs=[RunSpec(None, threads="3"), RunSpec(None)], max_tokens=10,
+                  warmup=False, out=out, log=io.StringIO())
+    assert set(target.evaluate_threads) == {1, 3}
+    assert target.thread_choice.current == 1  # left as it was (the last run was plain target)
+
+
+def test_busy_processes_run_beside_the_bench_and_stop() -> None:
+    from chatapp.busy import BusyProcesses
+
+    with BusyProcesses(2, max_s=30) as busy:
+        assert busy.running == 2
+    assert busy.running == 0

@@ -52,6 +52,11 @@ class Backend(Protocol):
         ...
 
     @property
+    def threads(self) -> int:
+        """The CPU thread count the model's evaluations use now (it may adapt between them)."""
+        ...
+
+    @property
     def stop_ids(self) -> frozenset[int]:
         """Token ids that end the assistant's turn (EOS, end-of-turn)."""
         ...

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.backends.base import ChatMessage
+from chatapp.thread_tuner import FixedThreads, ThreadChoice
 
 STOP_ID = 0
 _PIECES: list[bytes] = (
@@ -43,6 +44,8 @@ class FakeBackend:
         self._table[:, STOP_ID] -= 3.0  # replies are not over at once
         self._cache: list[int] = []
         self.evaluate_calls: list[int] = []  # number of tokens fed per call, for tests
+        self.thread_choice: ThreadChoice = FixedThreads(1)
+        self.evaluate_threads: list[int] = []  # the thread count each call was given, for tests
 
     @property
     def name(self) -> str:
@@ -55,6 +58,14 @@ class FakeBackend:
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
+
+    def use_threads(self, choice: ThreadChoice) -> None:
+        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
+        self.thread_choice = choice
+
+    @property
+    def threads(self) -> int:
+        return self.thread_choice.current
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -95,6 +106,7 @@ class FakeBackend:
         if self.delay_s:
             time.sleep(self.delay_s)
         self.evaluate_calls.append(len(tokens))
+        self.evaluate_threads.append(self.thread_choice.choose(len(tokens)))
         self._cache.extend(tokens)
         end = len(self._cache)
         rows = [self._logits_after(self._cache[: end - n_logits + j + 1]) for j in range(n_logits)]

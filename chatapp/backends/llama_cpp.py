@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from chatapp.backends import amx_guard
 from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.chat_template import render_chat
+from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice, available_cores
 
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -44,11 +47,12 @@ _LOG_LEVEL_CONT = 5
 _llama: ModuleType | None = None
 _log_tail: deque[str] = deque(maxlen=12)
 _log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
+_guard = amx_guard.Guard.NONE  # how this process keeps llama.cpp off its AMX kernels
 
 
 def _lib() -> ModuleType:
-    """Import llama_cpp once, initialise its backend and route its logging."""
-    global _llama, _log_callback
+    """Import llama_cpp once, keep it off its AMX kernels, initialise it and route its logging."""
+    global _llama, _log_callback, _guard
     if _llama is None:
         try:
             import llama_cpp
@@ -56,11 +60,27 @@ def _lib() -> ModuleType:
             raise BackendError(
                 "The llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.16'"
             ) from exc
+        _guard = _avoid_amx_kernels(llama_cpp.llama_print_system_info().decode(errors="replace"))
         _log_callback = llama_cpp.llama_log_callback(_on_log)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _llama = llama_cpp
     return _llama
+
+
+def _avoid_amx_kernels(system_info: str) -> amx_guard.Guard:
+    """Decide and apply the AMX guard before any model is loaded (see ``amx_guard``)."""
+    guard = amx_guard.plan_guard(amx_guard.cpu_flags(), system_info,
+                                 amx_guard.can_filter_syscalls())
+    if guard is amx_guard.Guard.DENY_PERMISSION and not amx_guard.deny_amx_permission():
+        guard = amx_guard.Guard.NO_EXTRA_BUFFERS
+    return guard
+
+
+def runtime_notes() -> list[str]:
+    """What the user should be told once about how llama.cpp runs here (empty: nothing)."""
+    note = amx_guard.guard_note(_guard)
+    return [note] if note else []
 
 
 def _on_log(level: int, text: bytes | None, _user_data: Any) -> None:
@@ -77,14 +97,6 @@ def _on_log(level: int, text: bytes | None, _user_data: Any) -> None:
 def _llama_said() -> str:
     lines = [line.strip() for line in _log_tail if line.strip()]
     return f" llama.cpp said: {' | '.join(lines[-3:])}" if lines else ""
-
-
-def default_threads() -> int:
-    """The CPUs this process may run on (llama.cpp's own default is a fixed 4)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def check_gguf_file(path: Path) -> None:
@@ -121,6 +133,8 @@ class LlamaCppBackend:
 
         ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
         ``llama_decode``. ``use_mmap`` trades resident memory for load time (see the module notes).
+        ``threads`` fixes the CPU thread count; None adapts it to how busy the machine is
+        (``AdaptiveThreads``; with GPU layers, all cores, fixed).
         """
         if n_batch < 1 or n_ctx < 1:
             raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
@@ -131,8 +145,12 @@ class LlamaCppBackend:
         self._model = self._load_model(gpu_layers, use_mmap)
         self._ctx = None
         self._batch = None
+        self.thread_choice: ThreadChoice = (  # llama.cpp's own default is a fixed 4
+            FixedThreads(threads or available_cores()) if threads or gpu_layers
+            else AdaptiveThreads(available_cores()))
+        self._threads_set = self.thread_choice.current
         try:
-            self._ctx = self._new_context(n_ctx, n_batch, threads or default_threads())
+            self._ctx = self._new_context(n_ctx, n_batch, self._threads_set)
             self._n_batch = n_batch
             self._batch = lib.llama_batch_init(n_batch, 0, 1)
             self._memory = lib.llama_get_memory(self._ctx)
@@ -151,7 +169,7 @@ class LlamaCppBackend:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _load_model(self, gpu_layers: int, use_mmap: bool) -> Any:
+    def _model_params(self, gpu_layers: int, use_mmap: bool) -> Any:
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
         if hasattr(params, "load_mode"):  # llama.cpp replaced use_mmap with load_mode in 2026
@@ -159,6 +177,12 @@ class LlamaCppBackend:
                                 else self._lib.LLAMA_LOAD_MODE_NONE)
         else:
             params.use_mmap = use_mmap
+        if _guard is amx_guard.Guard.NO_EXTRA_BUFFERS:
+            params.use_extra_bufts = False
+        return params
+
+    def _load_model(self, gpu_layers: int, use_mmap: bool) -> Any:
+        params = self._model_params(gpu_layers, use_mmap)
         _log_tail.clear()
         model = self._lib.llama_model_load_from_file(str(self._path).encode(), params)
         if not model:
@@ -218,6 +242,15 @@ class LlamaCppBackend:
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
+
+    def use_threads(self, choice: ThreadChoice) -> None:
+        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
+        self.thread_choice = choice
+
+    @property
+    def threads(self) -> int:
+        """The CPU thread count evaluations use now."""
+        return self.thread_choice.current
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -334,7 +367,13 @@ class LlamaCppBackend:
             batch.logits[i] = i >= first_out
         batch.n_tokens = len(chunk)
         _log_tail.clear()
+        threads = self.thread_choice.choose(len(chunk))
+        if threads != self._threads_set:
+            self._lib.llama_set_n_threads(self._ctx, threads, threads)
+            self._threads_set = threads
+        started = time.perf_counter()
         status = self._lib.llama_decode(self._ctx, batch)
+        self.thread_choice.observe(threads, len(chunk), time.perf_counter() - started)
         if status != 0:
             self._remove_from(rollback_to)
             del self._cache[rollback_to:]

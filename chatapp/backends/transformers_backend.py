@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
 from chatapp.catalog import cache_root, make_tree_private, private_dir  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
+from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20
@@ -68,16 +70,15 @@ class TransformersBackend:
     def __init__(self, source: str | os.PathLike[str], *, device: str = "auto",
                  dtype: str = "auto", n_ctx: int = 4096, threads: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
-        """``threads`` sets torch's CPU thread count (process-wide); None keeps torch's default."""
-        if threads is not None:
-            torch.set_num_threads(threads)
+        """``threads`` fixes torch's CPU thread count (process-wide, set before each forward);
+        None adapts it on the CPU to how busy the machine is (``AdaptiveThreads``)."""
         path = Path(source).expanduser()
         target_device = resolve_device(device)
         target_dtype = resolve_dtype(dtype, target_device)
         cache_root = Path(cache_dir) if cache_dir is not None else default_cache_root()
         self.weights_dir, model, tokenizer = _load(path, cache_root, target_device, target_dtype)
         self._attach(model, tokenizer, name=path.stem if path.is_file() else path.name,
-                     n_ctx=n_ctx)
+                     n_ctx=n_ctx, threads=threads)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, *, n_ctx: int = 4096,
@@ -88,11 +89,15 @@ class TransformersBackend:
         backend._attach(model, tokenizer, name=name, n_ctx=n_ctx)
         return backend
 
-    def _attach(self, model: Any, tokenizer: Any, *, name: str, n_ctx: int) -> None:
+    def _attach(self, model: Any, tokenizer: Any, *, name: str, n_ctx: int,
+                threads: int | None = None) -> None:
         self._model = model.eval()
         self._tokenizer = tokenizer
         self._name = name
         self._device = next(model.parameters()).device
+        self.thread_choice: ThreadChoice = (
+            FixedThreads(threads or torch.get_num_threads())
+            if threads or self._device.type != "cpu" else AdaptiveThreads(torch.get_num_threads()))
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
@@ -116,6 +121,15 @@ class TransformersBackend:
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    def use_threads(self, choice: ThreadChoice) -> None:
+        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
+        self.thread_choice = choice
+
+    @property
+    def threads(self) -> int:
+        """The CPU thread count forwards use now."""
+        return self.thread_choice.current
 
     @property
     def n_ctx(self) -> int:
@@ -232,10 +246,16 @@ class TransformersBackend:
         kwargs: dict[str, Any] = {self._cache_arg: self._cache, "use_cache": True}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = max(n_logits, 1)  # 0 would mean "every position"
+        threads = self.thread_choice.choose(len(tokens))
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        started = time.perf_counter()
         with torch.inference_mode():
             logits = self._model(input_ids=input_ids, **kwargs).logits[0]
             rows = logits[logits.shape[0] - n_logits:]
-            return rows.to(device="cpu", dtype=torch.float32).numpy()
+            result = rows.to(device="cpu", dtype=torch.float32).numpy()
+        self.thread_choice.observe(threads, len(tokens), time.perf_counter() - started)
+        return result
 
     def _render_chat(self, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
         tokenizer = self._live_tokenizer()

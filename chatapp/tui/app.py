@@ -137,6 +137,7 @@ class SpecChatApp(App[int]):
         self.highlight = True
         self.baseline_tps: float | None = None  # decode tok/s of a target-only turn, this session
         self._told_fallback_template = False  # the no-chat-template note shows once per model
+        self.told_notes: list[str] = []  # the sessions' runtime notes shown so far, in order
         self.load_error: str | None = None
         self._load_generation = 0
         self._load_state = ("Starting", None)
@@ -290,10 +291,18 @@ class SpecChatApp(App[int]):
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
         self.query_one("#loading").display = False
+        self._tell_runtime_notes(message.session.notes)
         self.update_status()
         if self.pending is not None:
             text, self.pending = self.pending, None
             self._start_turn(text, queued=True)
+
+    def _tell_runtime_notes(self, notes: tuple[str, ...]) -> None:
+        """Each note once per app run: in the conversation, and on stderr when the app exits."""
+        for note in notes:
+            if note not in self.told_notes:
+                self.told_notes.append(note)
+                self.conversation.mount(Note(note, "warning"))
 
     def on_load_failed(self, message: LoadFailed) -> None:
         if message.generation != self._load_generation or not self.is_running:
@@ -923,4 +932,6 @@ def run_app(config: Config, config_path: Path | None = None) -> int:
     ``config_path`` is the config file the settings screen saves to (None: the default one)."""
     app = SpecChatApp(config, config_path=config_path)
     app.run()
+    for note in app.told_notes:  # the terminal's own screen keeps them after the app is gone
+        print(f"specchat: {note}", file=sys.stderr)
     return app.return_code or 0

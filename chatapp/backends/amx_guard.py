@@ -1,0 +1,154 @@
+"""Keep llama.cpp off its AMX kernels, which crash on Intel Xeons with AMX (llama.cpp issue 20824).
+
+A llama.cpp built with ``-march=native`` on a CPU with AMX compiles ggml's AMX matrix kernels; at
+model load ggml asks the kernel for permission to use the AMX tile registers
+(``arch_prctl(ARCH_REQ_XCOMP_PERM)``), and where that succeeds it puts quantised weights in an "AMX"
+buffer whose kernels segfault on the first batched evaluation. Where permission is refused, ggml
+skips that buffer and uses its regular CPU repack, which is as fast here.
+
+``plan_guard`` decides from the CPU's flags and the build's feature list what to do:
+
+- ``Guard.NONE``: the CPU or the build has no AMX; nothing to do.
+- ``Guard.DENY_PERMISSION``: a seccomp filter makes ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` fail with
+  EPERM for this process and its children (Linux x86-64), before any model is loaded. Full speed.
+- ``Guard.NO_EXTRA_BUFFERS``: where no filter can be installed, models load with
+  ``use_extra_bufts = false`` (no AMX buffer and no repack: about 20% slower decoding, no crash).
+
+Either way the user is told once, with the command that builds llama-cpp-python without the AMX
+kernels (``REBUILD_COMMAND``). Only the llama.cpp path applies it; PyTorch keeps AMX unless a llama.cpp
+model is loaded in the same process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import platform
+from pathlib import Path
+
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+REBUILD_COMMAND = (
+    f"CMAKE_ARGS=\"-DGGML_RPC=on -DCMAKE_C_FLAGS='{NO_AMX_FLAGS}' "
+    f"-DCMAKE_CXX_FLAGS='{NO_AMX_FLAGS}'\" pip install --no-cache-dir --force-reinstall "
+    "--no-binary llama-cpp-python llama-cpp-python==0.3.36")
+
+_AMX_CPU_FLAGS = frozenset({"amx_tile", "amx_int8"})  # what ggml's AMX kernels execute
+
+# Linux x86-64 constants (linux/audit.h, asm/unistd_64.h, asm/prctl.h, linux/seccomp.h, linux/filter.h)
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_NR_ARCH_PRCTL = 158
+_NR_SECCOMP = 317
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_PR_SET_NO_NEW_PRIVS = 38
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
+_SECCOMP_RET_ALLOW = 0x7FFF0000
+_SECCOMP_RET_ERRNO = 0x00050000
+_BPF_LD_W_ABS = 0x20
+_BPF_JEQ_K = 0x15
+_BPF_RET_K = 0x06
+_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16  # in struct seccomp_data
+
+
+class Guard(enum.Enum):
+    NONE = "none"
+    DENY_PERMISSION = "deny-permission"
+    NO_EXTRA_BUFFERS = "no-extra-buffers"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The flags of the first CPU in ``cpuinfo`` (empty where the file does not exist)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def build_has_amx(system_info: str) -> bool:
+    """Whether llama.cpp's ``llama_print_system_info()`` lists the AMX kernels as compiled in."""
+    features = {name.strip(): value.strip() for part in system_info.split("|")
+                for name, sep, value in [part.rpartition("=")] if sep}
+    return features.get("AMX_INT8") == "1"
+
+
+def plan_guard(flags: frozenset[str], system_info: str, can_filter: bool) -> Guard:
+    """What keeps this process off the AMX kernels (see the module notes)."""
+    if not _AMX_CPU_FLAGS <= flags or not build_has_amx(system_info):
+        return Guard.NONE
+    return Guard.DENY_PERMISSION if can_filter else Guard.NO_EXTRA_BUFFERS
+
+
+def can_filter_syscalls() -> bool:
+    """True on Linux x86-64, where ``deny_amx_permission`` can work."""
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _deny_xcomp_program() -> ctypes.Array[_SockFilter]:
+    """BPF: arch_prctl(ARCH_REQ_XCOMP_PERM, ...) on x86-64 fails with EPERM; all else is allowed."""
+    allow = 7  # index of the ALLOW return below; jumps count from the next instruction
+    program = [
+        (_BPF_LD_W_ABS, 0, 0, _OFFSET_ARCH),
+        (_BPF_JEQ_K, 0, allow - 2, _AUDIT_ARCH_X86_64),
+        (_BPF_LD_W_ABS, 0, 0, _OFFSET_NR),
+        (_BPF_JEQ_K, 0, allow - 4, _NR_ARCH_PRCTL),
+        (_BPF_LD_W_ABS, 0, 0, _OFFSET_ARG0),
+        (_BPF_JEQ_K, 0, allow - 6, _ARCH_REQ_XCOMP_PERM),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | errno.EPERM),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+    ]
+    return (_SockFilter * len(program))(*(_SockFilter(*row) for row in program))
+
+
+def deny_amx_permission() -> bool:
+    """Install the seccomp filter on every thread of this process (and its future children).
+
+    Irreversible for the process. Returns False, changing nothing, where it cannot be installed.
+    """
+    if not can_filter_syscalls():
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    program = _deny_xcomp_program()
+    fprog = _SockFprog(len(program), program)
+    result = libc.syscall(_NR_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC,
+                          ctypes.byref(fprog))
+    return result == 0
+
+
+def request_amx_permission() -> int:
+    """Ask the kernel for the AMX tile state as ggml does; 0 or the errno (for tests)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    xfeature_xtiledata = 18
+    if libc.syscall(_NR_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, xfeature_xtiledata) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def guard_note(guard: Guard) -> str | None:
+    """What to tell the user about ``guard`` (None: nothing happened)."""
+    if guard is Guard.NONE:
+        return None
+    done = ("specchat turned them off for this process (same speed)"
+            if guard is Guard.DENY_PERMISSION else
+            "specchat loads models without llama.cpp's weight repacking to avoid them "
+            "(about 20% slower)")
+    return ("This CPU has AMX and this llama-cpp-python build has llama.cpp's AMX kernels, which "
+            f"crash on it (llama.cpp issue 20824); {done}. To get a build without them: "
+            f"{REBUILD_COMMAND}")
+

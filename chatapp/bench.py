@@ -1,6 +1,6 @@
 """`specchat bench`: speculative decoding against plain target decoding, on one machine.
 
-Every configuration decodes the prompts of ``assets/bench_prompts.json`` through the app's own
+Every configuration decodes the prompts of ``chatapp/data/bench_prompts.json`` through the app's own
 engine (``SpeculativeEngine.generate``) with the app's own loader pieces (``load_backend``,
 ``make_drafter``, ``make_policy``, ``generation_settings``): there is no second decoding loop.
 The configurations: target-only decoding, the draft model at K = 1..8 and auto, the n-gram
@@ -54,7 +54,7 @@ from chatapp.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy
 from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice, available_cores
 
-PROMPTS_PATH = Path(__file__).resolve().parent.parent / "assets" / "bench_prompts.json"
+PROMPTS_PATH = Path(__file__).resolve().parent / "data" / "bench_prompts.json"
 DEFAULT_BENCH_TOKENS = 128
 DEFAULT_K_VALUES = tuple(range(1, 9))
 WARMUP_TOKENS = 24
@@ -241,7 +241,7 @@ def bench_command(config: Config, json_path: Path | None, *,
                   log: TextIO | None = None) -> int:
     """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``.
 
-    Defaults: every prompt of ``assets/bench_prompts.json``, ``default_specs()``, and
+    Defaults: every prompt of ``chatapp/data/bench_prompts.json``, ``default_specs()``, and
     ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
     A set of ``specs`` without target-only decoding gets it added: the ratios need it.
     ``busy`` CPU-bound processes run beside the measured runs (warm-up included), for at most

@@ -114,6 +114,14 @@ class ModelIntegrityError(BackendError):
     """Assembled weights do not match the catalog's sha256."""
 
 
+LICENCE_TEXTS = {"Apache-2.0": Path(__file__).resolve().parent / "data" / "LICENSE-Apache-2.0.txt"}
+
+
+def licence_text(spec: ModelSpec) -> Path | None:
+    """The licence text shipped with specchat for ``spec``'s licence (None if there is none)."""
+    return LICENCE_TEXTS.get(spec.licence.split()[0])
+
+
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 

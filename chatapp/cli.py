@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
                        "or categories (code-write, code-edit, prose, qa); default: all")
     bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
-                       "assets/bench_prompts.json")
+                       "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
                        "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto, each optionally "
                        "with @N (N CPU threads) or @auto (default: target, K=1..8, auto, "
@@ -242,7 +242,7 @@ def _cancel_on_interrupt(cancel: threading.Event) -> None:
 
 
 def models_command(config: Config) -> int:
-    from chatapp.catalog import CATALOG, install_hint, is_ready, missing_parts
+    from chatapp.catalog import CATALOG, install_hint, is_ready, licence_text, missing_parts
 
     for spec in CATALOG.values():
         if is_ready(spec):
@@ -254,8 +254,10 @@ def models_command(config: Config) -> int:
         roles = [r for r, alias in (("draft", config.draft), ("target", config.target))
                  if alias == spec.alias]
         role = f" [{', '.join(roles)}]" if roles else ""
+        text = licence_text(spec)
+        licence = f"{spec.licence}, text in {text}" if text else spec.licence
         print(f"{spec.alias}{role}\n  {spec.display_name}, {spec.size / 1e6:.0f} MB, "
-              f"{spec.licence}\n  {status}")
+              f"{licence}\n  {status}")
     return 0
 
 

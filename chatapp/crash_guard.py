@@ -45,11 +45,14 @@ def supervised(run: Callable[[], int]) -> int:
         _log_faults_to(crash_log_path())
         return run()
     terminal = _save_terminal()
+    # Held back over the fork, so none arrives before the parent can pass it on.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     pid = os.fork()
     if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _log_faults_to(crash_log_path())
         return run()
-    status = _wait_forwarding_signals(pid)
+    status = _wait_forwarding_signals(pid, held)
     return _report(status, terminal)
 
 
@@ -88,8 +91,9 @@ def _open_log(path: Path) -> IO[str]:
     return os.fdopen(fd, "a", buffering=1)
 
 
-def _wait_forwarding_signals(pid: int) -> int:
-    """Wait for the child ``pid``; the wait status. Ctrl-C is the child's to handle."""
+def _wait_forwarding_signals(pid: int, mask: set[signal.Signals]) -> int:
+    """Wait for the child ``pid``, passing termination signals on; its wait status. Ctrl-C is
+    the child's to handle. ``mask``: the signal mask to restore once the handlers are in."""
     def forward(signum: int, frame: Any) -> None:
         try:
             os.kill(pid, signum)
@@ -99,6 +103,7 @@ def _wait_forwarding_signals(pid: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     while True:
         try:
             _, status = os.waitpid(pid, 0)

@@ -105,7 +105,7 @@ def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | 
     line("Tokens/s", f"{stats.tokens_per_s:.1f}", f"decode {decode_tokens_per_s(stats):.1f}")
     line("First token", f"{stats.ttft_s:.2f} s")
     if stats.threads:
-        line("CPU threads", str(stats.threads), "adapts to a busy machine unless set")
+        line("CPU threads", str(stats.threads), "adapts unless set")
     if not info.live:
         line("Prompt", f"{stats.prompt_tokens} tok",
              f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")

@@ -106,15 +106,16 @@ class AdaptiveThreads:
         bucket = _bucket(n_tokens)
         if bucket > _SMALL or len(self._counts) == 1:
             return self._current  # tries are made on small evaluations only
-        if self._trying is None and self._until_try <= 0 \
-                and (self._current, bucket) in self._average:
+        if (self._current, bucket) not in self._average:
+            return self._current  # nothing to compare a try of this size with yet
+        if self._trying is None and self._until_try <= 0:
             self._trying = self._neighbour()
         return self._trying if self._trying is not None else self._current
 
     def observe(self, threads: int, n_tokens: int, seconds: float) -> None:
         bucket = _bucket(n_tokens)
         cost = seconds / n_tokens if bucket > _SMALL else seconds
-        if threads == self._trying and bucket <= _SMALL:
+        if threads == self._trying and (self._current, bucket) in self._average:
             self._judge_try(bucket, cost)
             return
         if threads != self._current:

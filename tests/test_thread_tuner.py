@@ -100,3 +100,16 @@ def test_candidates() -> None:
     assert candidate_counts(1) == [1]
     assert candidate_counts(2) == [2, 1]
     assert candidate_counts(8) == [8, 7, 4, 2, 1]
+
+
+def test_a_size_first_seen_during_a_try_is_run_on_the_current_count() -> None:
+    """A try on one-token evaluations must not be judged on a size never measured before."""
+    tuner = AdaptiveThreads(2)
+    for _ in range(20):
+        tuner.observe(tuner.choose(1), 1, 0.05)
+    sizes = [1, 2, 2, 1, 3, 1]  # 2 and 3 are new when they come
+    for n in sizes:
+        threads = tuner.choose(n)
+        if n in (2, 3) and n not in sizes[:sizes.index(n)]:
+            assert threads == tuner.current
+        tuner.observe(threads, n, 0.05 * n)

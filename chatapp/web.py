@@ -48,7 +48,8 @@ ASSETS = {
     "RobotoMono.ttf": ("fonts/RobotoMono-VariableFont_wght.ttf", "font/ttf"),
     "RobotoMono-Italic.ttf": ("fonts/RobotoMono-Italic-VariableFont_wght.ttf", "font/ttf"),
 }
-QUIT_GRACE_S = 10.0  # how long the app has to save and exit before it is terminated, then killed
+QUIT_GRACE_S = 10.0  # how long the app has to save and exit before SIGTERM
+TERM_GRACE_S = 5.0  # and then before SIGKILL
 BUSY_RETRY_S = 2
 
 
@@ -93,7 +94,7 @@ class AppProcess(AppService):
             return
         if process.returncode is None:
             await self.send_meta({"type": "quit"})
-        for escalate, wait_s in ((None, QUIT_GRACE_S), (process.terminate, 5.0),
+        for escalate, wait_s in ((None, QUIT_GRACE_S), (process.terminate, TERM_GRACE_S),
                                  (process.kill, None)):
             if process.returncode is not None:
                 break

@@ -6,6 +6,7 @@ on fake backends) on a free port of 127.0.0.1, and stops it with SIGINT, as Ctrl
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import secrets
@@ -210,6 +211,32 @@ def test_one_session_at_a_time_and_a_second_tab_is_told(server: WebServer) -> No
     assert server.app_pids() == [pid]
 
 
+async def test_an_app_that_does_not_quit_is_terminated_then_killed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import chatapp.web
+    from textual_serve.download_manager import DownloadManager
+
+    monkeypatch.setattr(chatapp.web, "QUIT_GRACE_S", 0.2)
+    monkeypatch.setattr(chatapp.web, "TERM_GRACE_S", 0.2)
+    deaf = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('__GANGLION__', flush=True); time.sleep(60)")
+
+    async def ignore(*args: object) -> None:
+        pass
+
+    app = chatapp.web.AppProcess([sys.executable, "-c", deaf], write_bytes=ignore,
+                                 write_str=ignore, close=ignore,
+                                 download_manager=DownloadManager())
+    await app.start(80, 24)
+    await asyncio.sleep(0.5)  # past its SIGTERM handler
+    assert os.getsid(app.pid) != os.getsid(0)  # its own session: the terminal's Ctrl+C skips it
+    started = time.monotonic()
+    await app.stop()
+    await app.stop()  # a second stop waits for the same end
+    assert app._process.returncode == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+
+
 def listening_addresses(pid: int) -> list[str]:
     """The local addresses of the TCP sockets ``pid`` listens on (hex, as /proc/net shows)."""
     inodes = set()
@@ -302,6 +329,7 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
     from playwright import sync_api
 
     from chatapp.config import Config
+    from chatapp.history import HistoryStore
     from chatapp.tui.app import SpecChatApp
 
     theme = SpecChatApp(Config()).get_css_variables()
@@ -345,6 +373,10 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
             counts = [page.evaluate(COUNT_COLOUR_JS, [base64.b64encode(png).decode(),
                                                       [rgb(accepted), rgb(resampled)]])
                       for png in (before, after)]
+            [pid] = server.app_pids()
+            assert server.stop() == 0  # Ctrl+C with the tab open: the app quits, then the server
+            assert not Path(f"/proc/{pid}").exists()
+            page.wait_for_selector("body.-closed")  # the tab says the session ended
         finally:
             browser.close()
     text = ANSI.sub(b"", received())
@@ -359,7 +391,10 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
     (tmp_path / "web.png").write_bytes(after)
     if os.environ.get(SCREENSHOT_ENV):
         Path(os.environ[SCREENSHOT_ENV]).write_bytes(after)
-    [pid] = server.app_pids()
-    assert server.stop() == 0  # Ctrl+C: the app quits, then the server
-    assert not Path(f"/proc/{pid}").exists()
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    [chat] = store.list_chats()
+    stored = [(m.role, m.content) for m in store.messages(chat.id)]
+    store.close()
+    assert stored[0] == ("user", "Hello there") and stored[1][0] == "assistant"
+    assert len(stored) == 2 and stored[1][1].strip()  # the reply, saved when the app quit
 

@@ -16,7 +16,8 @@ can even pass for it. So every request must:
 
 A refused request gets a short error and starts nothing. One app runs at a time: while one
 does, another tab gets a page saying so (it retries, so a reload of the open tab reconnects),
-and a second WebSocket is refused. Ctrl+C (or SIGTERM) quits the app, then the server.
+and a second WebSocket is refused. Ctrl+C (or SIGTERM, SIGHUP) quits the app, then the server;
+if the server dies, the app quits by itself (chatapp.tui.web_driver).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ ASSETS = {
     "RobotoMono.ttf": ("fonts/RobotoMono-VariableFont_wght.ttf", "font/ttf"),
     "RobotoMono-Italic.ttf": ("fonts/RobotoMono-Italic-VariableFont_wght.ttf", "font/ttf"),
 }
+DRIVER = "chatapp.tui.web_driver:ServedDriver"  # the web driver; the app quits if the server goes
 QUIT_GRACE_S = 10.0  # how long the app has to save and exit before SIGTERM
 TERM_GRACE_S = 5.0  # and then before SIGKILL
 BUSY_RETRY_S = 2
@@ -59,9 +61,10 @@ def app_command(options: Sequence[str]) -> list[str]:
 
 
 class AppProcess(AppService):
-    """textual-serve's relay for one app process, with three changes: the command runs without a
+    """textual-serve's relay for one app process, with these changes: the command runs without a
     shell; in a session of its own, so the terminal's Ctrl+C reaches only the server, which
-    quits the app; and ``stop`` ends the process for sure (quit, then SIGTERM, then SIGKILL)."""
+    quits the app; on a driver that quits the app when the server goes; and ``stop`` ends the
+    process for sure (quit, then SIGTERM, then SIGKILL)."""
 
     def __init__(self, argv: Sequence[str], **kwargs: object) -> None:
         super().__init__(" ".join(argv), **kwargs)  # type: ignore[arg-type]
@@ -71,9 +74,9 @@ class AppProcess(AppService):
     async def _open_app_process(self, width: int = 80, height: int = 24
                                 ) -> asyncio.subprocess.Process:
         pipe = asyncio.subprocess.PIPE
+        env = self._build_environment(width=width, height=height) | {"TEXTUAL_DRIVER": DRIVER}
         self._process = process = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True,
-            env=self._build_environment(width=width, height=height))
+            *self.argv, stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True, env=env)
         assert process.stdin is not None
         self._stdin = process.stdin
         return process
@@ -326,8 +329,12 @@ async def _relay(websocket: web.WebSocketResponse, app: AppProcess) -> None:
             await app.blur()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl+C, kill, the terminal closed
+
+
 async def serve(server: WebServer, open_browser: bool) -> int:
-    """Run ``server`` until SIGINT or SIGTERM; prints its URL and opens it in the browser."""
+    """Run ``server`` until Ctrl+C (or SIGTERM, SIGHUP); prints its URL and opens it in the
+    browser."""
     try:
         await server.start()
     except OSError as error:
@@ -336,7 +343,7 @@ async def serve(server: WebServer, open_browser: bool) -> int:
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
     print(f"specchat is at {server.url}\n(the address holds this run's secret: keep it to "
           "yourself; Ctrl+C stops specchat)", flush=True)
@@ -347,7 +354,7 @@ async def serve(server: WebServer, open_browser: bool) -> int:
     finally:
         print("specchat web: stopping", file=sys.stderr, flush=True)
         await server.stop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
     return 0
 

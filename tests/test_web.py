@@ -70,10 +70,10 @@ class WebServer:
             time.sleep(0.05)
         return self.app_pids()
 
-    def stop(self) -> int:
-        """Ctrl+C; the exit status (the test fails if it takes more than 15 s)."""
+    def stop(self, signum: int = signal.SIGINT) -> int:
+        """Ctrl+C (or ``signum``); the exit status (the test fails if it takes more than 15 s)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signum)
         try:
             _, self.stderr = self.process.communicate(timeout=15)
         except subprocess.TimeoutExpired:
@@ -211,6 +211,28 @@ def test_one_session_at_a_time_and_a_second_tab_is_told(server: WebServer) -> No
     assert server.app_pids() == [pid]
 
 
+def test_the_app_quits_by_itself_when_the_server_is_killed(server: WebServer) -> None:
+    status, _, tab = open_websocket(server, f"/{server.secret}/ws")
+    assert status == 101
+    try:
+        [pid] = server.wait_for_apps(1)
+        time.sleep(1)  # the app is up
+        server.process.kill()  # no Ctrl+C: nobody quits the app, its stdin just ends
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{pid}").exists() and not is_zombie(pid):
+            assert time.monotonic() < deadline, "the app ran on without its server"
+            time.sleep(0.1)
+    finally:
+        tab.close()
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
 async def test_an_app_that_does_not_quit_is_terminated_then_killed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import chatapp.web
@@ -256,8 +278,10 @@ def listening_addresses(pid: int) -> list[str]:
     return found
 
 
-def test_it_listens_on_loopback_only(server: WebServer) -> None:
+def test_it_listens_on_loopback_only_and_stops_when_its_terminal_closes(
+        server: WebServer) -> None:
     assert listening_addresses(server.process.pid) == [f"0100007F:{server.port:04X}"]
+    assert server.stop(signal.SIGHUP) == 0 and b"stopping" in server.stderr
 
 
 def test_the_chat_app_and_run_do_not_load_the_web_server() -> None:

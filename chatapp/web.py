@@ -185,6 +185,7 @@ class WebServer:
         self.port = 0
         self.log = log or (lambda line: print(f"specchat web: {line}", file=sys.stderr))
         self.busy = False  # an app process is running (from its WebSocket to its exit)
+        self.closing = False  # stopping: no new app
         self._sessions: set[tuple[web.WebSocketResponse, AppProcess]] = set()
         self._runner: web.AppRunner | None = None
 
@@ -218,6 +219,7 @@ class WebServer:
 
     async def stop(self) -> None:
         """Quit every running app (waiting for it to exit), then close the server."""
+        self.closing = True
         for websocket, app in list(self._sessions):
             await app.stop()
             await websocket.close()
@@ -272,6 +274,8 @@ class WebServer:
         return web.FileResponse(STATIC_DIR / path, headers={"Content-Type": content_type})
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if self.closing:
+            return web.Response(status=503, text="specchat is stopping.\n")
         if self.busy:
             self.log("refused a second session: one is open")
             return web.Response(status=409, text="specchat is already open in another tab.\n")

@@ -1,4 +1,5 @@
-"""Command line: `specchat` (the chat app), `specchat run`, `specchat bench`, `specchat models`.
+"""Command line: `specchat` (the chat app), `specchat web` (the app in a browser tab),
+`specchat run`, `specchat bench`, `specchat models`.
 
 Every user mistake (bad option, unknown model, broken config, incompatible pair) ends in one
 readable line on stderr and exit status 1 or 2, never a traceback.
@@ -20,7 +21,7 @@ from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
-SUBCOMMANDS = ("run", "bench", "models", "tui")
+SUBCOMMANDS = ("run", "bench", "models", "tui", "web")
 
 
 def _draft_length(text: str) -> str:
@@ -47,6 +48,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {text}")
     return value
 
 
@@ -107,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Local, offline chat on speculative decoding. With no command: the chat app.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("tui", parents=[common], help="the chat app (the default)")
+    web = commands.add_parser("web", parents=[common], help="the chat app in a browser tab, "
+                              "served on 127.0.0.1 only")
+    web.add_argument("--port", type=_port, default=0, help="port (default: a free one)")
+    web.add_argument("--no-open", dest="open", action="store_false",
+                     help="print the address, do not open the browser")
     run = commands.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", help="the prompt; - reads it from stdin")
     run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -132,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
                        "every prompt (the cold first turn) instead of one kept across prompts")
     return parser
+
+
+def model_argv(args: argparse.Namespace) -> list[str]:
+    """The model options given on this command line, as arguments again (for `web`'s app)."""
+    given = vars(args)
+    return [f"{max(action.option_strings, key=len)}={given[action.dest]}"
+            for action in _model_options()._actions
+            if action.option_strings and action.dest in given]
 
 
 def load_settings(args: argparse.Namespace) -> Config:
@@ -177,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return models_command(config)
         if command == "bench":
             return bench(config, args)
+        if command == "web":
+            from chatapp.web import app_command, web_command
+
+            return web_command(app_command(model_argv(args)), args.port, args.open)
         from chatapp.tui.app import run_app
 
         return run_app(config, vars(args).get("config"))

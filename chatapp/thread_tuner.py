@@ -10,24 +10,30 @@ The best count depends on the machine and on what else runs, so ``AdaptiveThread
 - Now and then it tries a neighbouring count (one fewer, or one more) on one small evaluation.
   A try that is ``_BETTER`` faster than the current average is confirmed by a second one and
   then adopted; a try that loses ends at once, and the next try waits twice as long (up to
-  ``_MAX_INTERVAL`` evaluations), so an idle machine pays almost nothing for the watching.
-- An evaluation ``_SLOWDOWN`` times slower than the best average seen for its size (another
-  process started) brings the next try forward, so contention is answered within a few tokens.
+  ``_BACKOFF_LIMIT``), and long enough that lost tries cost at most ``_TRY_SHARE`` of the time
+  (a try 10x slower than the current count waits 900 evaluations; at most ``_MAX_INTERVAL``).
+- When the current count's average becomes ``_SLOWDOWN`` times its long-run average for a size
+  (another process started: on 2 cores that costs 2 threads 4-7x), the next try comes at once,
+  so contention is answered within a few tokens; noise (30% here) never gets that far.
 
 ``FixedThreads`` is the user's own ``threads`` setting, obeyed as it is.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Protocol
 
 _SMALL = 16  # evaluations of up to this many tokens have their own bucket; larger ones share one
 _ALPHA = 0.3  # weight of a new time in the moving average
+_SLOW_ALPHA = 0.02  # the same for the long-run average that slowdowns are measured against
 _BETTER = 0.92  # a try must take at most this share of the current count's time
-_SLOWDOWN = 1.4  # an evaluation this much slower than its best average starts a try soon
+_SLOWDOWN = 2.0  # the average this much above its long-run value starts a try at once
 _FIRST_INTERVAL = 8  # evaluations between tries after a change
-_MAX_INTERVAL = 256  # the longest wait between tries (costs < 1% idle, see the module notes)
+_BACKOFF_LIMIT = 256  # lost tries double the wait up to this many evaluations ...
+_MAX_INTERVAL = 1024  # ... and costly ones make it longer, up to this
+_TRY_SHARE = 0.01  # what lost tries may cost, as a share of the evaluations between them
 
 
 class ThreadChoice(Protocol):
@@ -91,7 +97,7 @@ class AdaptiveThreads:
         self._counts = candidate_counts(cores)
         self._current = self._counts[0]
         self._average: dict[tuple[int, int], float] = {}
-        self._best: dict[int, float] = {}  # per bucket, for the current count
+        self._usual: dict[int, float] = {}  # per bucket, the current count's long-run average
         self._interval = _FIRST_INTERVAL
         self._until_try = _FIRST_INTERVAL
         self._trying: int | None = None
@@ -122,10 +128,13 @@ class AdaptiveThreads:
             return
         self._until_try -= 1
         self._remember(threads, bucket, cost)
-        best = self._best.get(bucket)
-        if best is not None and cost > _SLOWDOWN * best:
-            self._until_try = min(self._until_try, 1)
-        self._best[bucket] = cost if best is None else min(best, self._average[threads, bucket])
+        average = self._average[threads, bucket]
+        usual = self._usual.get(bucket)
+        if usual is not None and average > _SLOWDOWN * usual:
+            self._until_try = min(self._until_try, 1)  # got slower: another count may win now
+            self._usual[bucket] = average  # once per slowdown
+        else:
+            self._usual[bucket] = cost if usual is None else usual + _SLOW_ALPHA * (cost - usual)
 
     def _judge_try(self, bucket: int, cost: float) -> None:
         reference = self._average[self._current, bucket]
@@ -133,21 +142,28 @@ class AdaptiveThreads:
         assert trying is not None
         self._remember(trying, bucket, cost)
         if cost > _BETTER * reference:
-            self._end_try(adopted=False)
+            self._end_try(lost_ratio=cost / reference)
         elif self._try_wins == 0:
             self._try_wins = 1  # one more, to be sure it was not luck
         else:
             self._current = trying
-            self._best = {}
-            self._end_try(adopted=True)
+            self._usual = {}
+            self._end_try(lost_ratio=None)
 
-    def _end_try(self, adopted: bool) -> None:
+    def _end_try(self, lost_ratio: float | None) -> None:
+        """After an adopted try (``lost_ratio`` None) try again soon; after a lost one wait
+        twice as long, and long enough that tries as costly as this one (a ratio of 10 to the
+        current count's time wastes 9 evaluations) stay under ``_TRY_SHARE`` of the time."""
         self._trying = None
         self._try_wins = 0
-        self._interval = _FIRST_INTERVAL if adopted else min(2 * self._interval, _MAX_INTERVAL)
-        self._until_try = self._interval
-        if not adopted:
+        if lost_ratio is None:
+            self._interval = _FIRST_INTERVAL
+        else:
+            affordable = math.ceil((lost_ratio - 1) / _TRY_SHARE)
+            self._interval = min(max(min(2 * self._interval, _BACKOFF_LIMIT), affordable),
+                                 _MAX_INTERVAL)
             self._next_direction = -self._next_direction
+        self._until_try = self._interval
 
     def _neighbour(self) -> int:
         """The count one step fewer or more than the current one (the other way at an end)."""

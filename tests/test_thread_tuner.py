@@ -25,7 +25,13 @@ def eight_cores(threads: int, busy: bool) -> float:
     return ideal
 
 
-def simulate(choice, cost, phases, seed: int, sizes=(1,)) -> tuple[float, list[float]]:
+def this_vm(threads: int, busy: bool) -> float:
+    """Measured on a 2-core AMD EPYC VM beside other jobs: 2 threads 7x slower than 1."""
+    return {2: 1 / 2.2, 1: 1 / 16.0}[threads] if busy else {2: 1 / 15.0, 1: 1 / 14.0}[threads]
+
+
+def simulate(choice, cost, phases, seed: int, sizes=(1,), noise: float = 0.08
+             ) -> tuple[float, list[float]]:
     """Run evaluations through ``choice``; returns total seconds and seconds per phase."""
     rng = np.random.default_rng(seed)
     per_phase = []
@@ -34,16 +40,16 @@ def simulate(choice, cost, phases, seed: int, sizes=(1,)) -> tuple[float, list[f
         for step in range(steps):
             n = sizes[step % len(sizes)]
             threads = choice.choose(n)
-            seconds = cost(threads, busy) * (1 + 0.15 * (n - 1)) * rng.lognormal(0, 0.08)
+            seconds = cost(threads, busy) * (1 + 0.15 * (n - 1)) * rng.lognormal(0, noise)
             choice.observe(threads, n, seconds)
             spent += seconds
         per_phase.append(spent)
     return sum(per_phase), per_phase
 
 
-def best_fixed(cost, phases, counts, seed: int, sizes=(1,)) -> list[float]:
+def best_fixed(cost, phases, counts, seed: int, sizes=(1,), noise: float = 0.08) -> list[float]:
     """Per phase, the time of the best fixed count in hindsight."""
-    results = [simulate(FixedThreads(t), cost, phases, seed, sizes)[1] for t in counts]
+    results = [simulate(FixedThreads(t), cost, phases, seed, sizes, noise)[1] for t in counts]
     return [min(r[i] for r in results) for i in range(len(phases))]
 
 
@@ -70,7 +76,8 @@ def test_follows_contention_starting_and_ending(seed: int) -> None:
     tuner = AdaptiveThreads(2)
     _, adaptive = simulate(tuner, two_cores, phases, seed)
     best = best_fixed(two_cores, phases, [1, 2], seed)
-    assert [b / a for b, a in zip(best, adaptive)] >= [0.97, 0.9, 0.9]
+    ratios = [b / a for b, a in zip(best, adaptive)]
+    assert all(r >= floor for r, floor in zip(ratios, [0.97, 0.9, 0.9])), ratios
     assert tuner.current == 2  # back on every core once the machine is idle again
 
 
@@ -113,3 +120,13 @@ def test_a_size_first_seen_during_a_try_is_run_on_the_current_count() -> None:
         if n in (2, 3) and n not in sizes[:sizes.index(n)]:
             assert threads == tuner.current
         tuner.observe(threads, n, 0.05 * n)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_contention_where_the_other_count_is_very_costly(seed: int) -> None:
+    """Times scattered by 30% and a neighbour 7x slower: tries must stay rare, not re-fire on noise."""
+    phases = [(True, 400), (True, 1600)]
+    _, adaptive = simulate(AdaptiveThreads(2), this_vm, phases, seed, noise=0.3)
+    best = best_fixed(this_vm, phases, [1, 2], seed, noise=0.3)
+    assert best[1] / adaptive[1] >= 0.9  # once it has settled
+    assert sum(best) / sum(adaptive) >= 0.85  # finding it included

@@ -260,6 +260,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     from chatapp.loader import build_session, make_policy
     from chatapp.policy_memory import memory_path, recall, remember
     from chatapp.session import fallback_template_note
+    from chatapp.backends.rpc import rpc_label
     from chatapp.stats import format_summary
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -281,7 +282,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
         elif isinstance(event, DoneEvent):
             print()
             note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
-            print(f"{format_summary(event.stats)}{note}", file=sys.stderr)
+            where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+            print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
     if isinstance(policy, AutoDraftLength):
         remember(policy, memory_path(config))
     return 0

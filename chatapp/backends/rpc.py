@@ -72,6 +72,11 @@ class Endpoint:
         return cls(host, int(port))
 
 
+def rpc_label(endpoints: Sequence[str]) -> str:
+    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p"."""
+    return f"on RPC {', '.join(endpoints)}" if endpoints else ""
+
+
 def parse_endpoints(items: Iterable[str]) -> tuple[Endpoint, ...]:
     """Every ``host:port`` of ``items`` (each may hold several, comma-separated), in order,
     without repeats; raise ``ValueError`` on the first malformed one."""

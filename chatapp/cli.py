@@ -178,8 +178,10 @@ def _names(text: str) -> list[str]:
 def rpc_server_command(args: argparse.Namespace) -> int:
     """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
     from chatapp.backends.llama_cpp import default_threads
-    from chatapp.backends.rpc import SECURITY_NOTE, Endpoint, require_rpc, serve, server_devices
+    from chatapp.backends.rpc import (SECURITY_NOTE, Endpoint, check_server_host, require_rpc,
+                                      serve, server_devices)
 
+    check_server_host(args.host)
     require_rpc()
     endpoint = Endpoint(args.host, args.port)
     devices = server_devices(args.server_devices)

@@ -117,7 +117,8 @@ class LlamaCppBackend:
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None,
                  gpu_layers: int = 0, n_batch: int = 256, use_mmap: bool = False,
-                 devices: Sequence[int] | None = None, tensor_split: Sequence[float] = ()) -> None:
+                 devices: Sequence[int] | None = None, tensor_split: Sequence[float] = (),
+                 repack: bool = True) -> None:
         """Load the model; raise ``BackendError`` (saying what to do) if it cannot be loaded.
 
         ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
@@ -125,6 +126,8 @@ class LlamaCppBackend:
         ``devices`` (ggml device pointers, e.g. RPC servers' from ``chatapp.backends.rpc``) are
         the only devices the ``gpu_layers`` go to, layer split in that order, weighted by
         ``tensor_split`` (one weight per device; empty: by free memory); None: every device.
+        ``repack`` False keeps llama.cpp from repacking CPU weights (its "extra" buffer types), as
+        an RPC server's buffers are: then local and RPC logits are bit-identical.
         """
         if n_batch < 1 or n_ctx < 1:
             raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
@@ -132,7 +135,7 @@ class LlamaCppBackend:
         check_gguf_file(self._path)
         lib = _lib()
         self._lib = lib
-        self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split)
+        self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split, repack)
         self._ctx = None
         self._batch = None
         try:
@@ -156,9 +159,10 @@ class LlamaCppBackend:
     # -- loading -------------------------------------------------------------------------------
 
     def _load_model(self, gpu_layers: int, use_mmap: bool, devices: Sequence[int] | None,
-                    tensor_split: Sequence[float]) -> Any:
+                    tensor_split: Sequence[float], repack: bool) -> Any:
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        params.use_extra_bufts = repack
         if devices is not None:  # both arrays only need to live until the load returns
             device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
             params.devices = ctypes.cast(device_list, ctypes.c_void_p).value

@@ -289,7 +289,6 @@ def check_server_host(host: str) -> None:
 def serve(endpoint: Endpoint, threads: int, devices: Sequence[Device]) -> None:
     """Run ggml's RPC server loop on ``endpoint`` for ``devices``; returns only if it could not
     listen (the caller says so). One client at a time; each connection starts with fresh buffers."""
-    check_server_host(endpoint.host)
     start = ggml().rpc_function("ggml_backend_rpc_start_server", ctypes.CFUNCTYPE(
         None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
         ctypes.POINTER(ctypes.c_void_p)))

@@ -11,7 +11,9 @@ which never registers an RPC server (so nothing else it loads can land on one by
 Wire: a ``socket.socketpair`` wrapped in ``multiprocessing.connection.Connection``; requests are
 pickled ``(method, args)``, replies ``("ok", value)`` or ``("error", kind, message)``. The
 logits of ``evaluate`` (if any rows) follow their reply as raw float32 bytes (``send_bytes``), read into a
-buffer the numpy array then owns: one copy each way. Everything that never changes (name,
+buffer the numpy array then owns: one copy each way (measured: 0.8 ms for the 5 rows of a K = 4
+verify on the 152k Qwen vocabulary, 3 MB, against ~100 ms for the target step, so no shared
+memory). Everything that never changes (name,
 vocabulary size and fingerprint, stop ids, every token's bytes, where the layers are) comes once,
 with the load, so ``token_bytes`` and ``vocab_fingerprint`` are local. ``cached_tokens`` is
 mirrored on this side from the calls that succeeded.
@@ -139,11 +141,7 @@ class RemoteTarget:
         except OSError:
             pass
         self._conn.close()
-        try:
-            self._process.wait(_WORKER_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        _reap(self._process)
         self._process = None
         self._log.close()
 
@@ -171,12 +169,7 @@ class RemoteTarget:
     def _worker_died(self, loading: bool) -> BackendError:
         """Reap the worker; say which server stopped answering and how to go on."""
         assert self._process is not None
-        try:
-            self._process.wait(_WORKER_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        status = self._process.returncode
+        status = _reap(self._process)
         self._conn.close()
         self._process = None
         said = _abort_reason(self._log)
@@ -203,9 +196,19 @@ def _start_worker(log: Any) -> tuple[Connection, subprocess.Popen[bytes]]:
         [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
     process = subprocess.Popen(
         [sys.executable, "-m", "chatapp.backends.remote_target", str(theirs.fileno())],
-        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+        start_new_session=True)  # the terminal's Ctrl-C stops the reply, not the worker
     theirs.close()  # the worker holds the only other end: its exit reads as EOF here
     return Connection(ours.detach()), process
+
+
+def _reap(process: subprocess.Popen[bytes]) -> int:
+    """Wait for the worker to end (killing it if it does not); its exit status."""
+    try:
+        return process.wait(_WORKER_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def _answers(endpoint: Endpoint) -> bool:

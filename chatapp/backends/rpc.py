@@ -72,8 +72,11 @@ class Endpoint:
         return cls(host, int(port))
 
 
-def rpc_label(endpoints: Sequence[str]) -> str:
-    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p"."""
+def rpc_label(endpoints: Sequence[str], short: bool = False) -> str:
+    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p";
+    ``short`` (a header line): "on 2 RPC servers" when there are several."""
+    if short and len(endpoints) > 1:
+        return f"on {len(endpoints)} RPC servers"
     return f"on RPC {', '.join(endpoints)}" if endpoints else ""
 
 

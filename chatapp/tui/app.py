@@ -207,7 +207,7 @@ class SpecChatApp(App[int]):
         config = self.config
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" specchat ", style="bold reverse")
-        where = f" {rpc_label(config.rpc)}" if config.rpc else ""
+        where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
         text.append(f" {config.backend} │ draft {_drafter_label(config)} → target "
                     f"{_short_model_name(config.target)}{where} │ ")
         text.append(f"K {self.policy.label}", style="bold")

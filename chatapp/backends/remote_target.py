@@ -68,30 +68,15 @@ class RemoteTarget:
         except BaseException:
             self.close()
             raise
-        self._name: str = info["name"]
-        self._vocab_size: int = info["vocab_size"]
-        self._n_ctx: int = info["n_ctx"]
-        self._stop_ids = frozenset(info["stop_ids"])
+        # The protocol's read-only properties, as plain attributes: they never change.
+        self.name: str = info["name"]
+        self.vocab_size: int = info["vocab_size"]
+        self.n_ctx: int = info["n_ctx"]
+        self.stop_ids = frozenset(info["stop_ids"])
         self._fingerprint: str = info["fingerprint"]
         self._pieces: list[bytes] = info["pieces"]
         self.devices: tuple[str, ...] = tuple(info["devices"])
         """Where the layers are: "RPC0 127.0.0.1:50052", ... in layer order."""
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        return self._stop_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:
@@ -105,7 +90,7 @@ class RemoteTarget:
         return self._call("tokenize", text, special)
 
     def token_bytes(self, token: int) -> bytes:
-        return self._pieces[token] if 0 <= token < self._vocab_size else b""
+        return self._pieces[token] if 0 <= token < self.vocab_size else b""
 
     def vocab_fingerprint(self) -> str:
         return self._fingerprint

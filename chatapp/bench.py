@@ -45,6 +45,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.rpc import rpc_label
 from chatapp.busy import BusyProcesses
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy
@@ -486,7 +487,7 @@ class Bench:
                 "top_p": sampling.top_p, "max_tokens": self.settings.max_tokens,
                 "seed": self.seed, "threads": self.config.threads, "n_ctx": self.config.n_ctx,
                 "fresh_policy": self.fresh_policy, "repeats": self.repeats, "busy": self.busy,
-                "cpus": os.cpu_count(),
+                "cpus": os.cpu_count(), "target_rpc": list(self.config.rpc),
                 "configs": [spec.name for spec in self.specs] + self.extra_configs}
 
     def describe(self, n_prompts: int) -> str:
@@ -501,7 +502,8 @@ class Bench:
             policy += f"; {self.busy} CPU-bound process{'es' if self.busy > 1 else ''} beside it"
         backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
             f"{meta['backend']} (draft on {meta['draft_backend']})")
-        return (f"specchat bench: target {meta['target']}, draft {meta['draft'] or '-'}, backend "
+        where = f" {rpc_label(self.config.rpc)}" if self.config.rpc else ""
+        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, backend "
                 f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}.")
 

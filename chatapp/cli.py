@@ -1,5 +1,6 @@
 """Command line: `specchat` (the chat app), `specchat web` (the app in a browser tab),
-`specchat run`, `specchat bench`, `specchat models`.
+`specchat run`, `specchat bench`, `specchat models`, `specchat rpc-server` (this machine's CPU
+or GPU for another machine's target, see the README).
 
 Every user mistake (bad option, unknown model, broken config, incompatible pair) ends in one
 readable line on stderr and exit status 1 or 2, never a traceback.
@@ -21,7 +22,7 @@ from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
-SUBCOMMANDS = ("run", "bench", "models", "tui", "web")
+SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
 
 
 def _draft_length(text: str) -> str:
@@ -48,13 +49,6 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0..65535, got {text}")
     return value
 
 
@@ -105,7 +99,25 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--device", help="auto, cpu or cuda (hf backend)")
     common.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
                         help="weights dtype (hf backend)")
+    common.add_argument("--rpc", type=_endpoints, help="the target's layers on these RPC "
+                        "servers (`specchat rpc-server` there), comma-separated host:port; the "
+                        "draft stays here")
+    common.add_argument("--tensor-split", type=_weights, help="share of the target's layers per "
+                        "RPC device, comma-separated, e.g. 3,1 (default: by free memory)")
     return common
+
+
+def _endpoints(text: str) -> tuple[str, ...]:
+    from chatapp.backends.rpc import parse_endpoints
+
+    try:
+        return tuple(str(endpoint) for endpoint in parse_endpoints([text]))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    return tuple(_non_negative_float(part) for part in text.split(",") if part.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the short warm-up run of every configuration")
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
                        "every prompt (the cold first turn) instead of one kept across prompts")
+    _add_rpc_server_parser(commands)
     return parser
 
 
@@ -153,6 +166,50 @@ def model_argv(args: argparse.Namespace) -> list[str]:
     return [f"{max(action.option_strings, key=len)}={given[action.dest]}"
             for action in _model_options()._actions
             if action.option_strings and action.dest in given]
+
+
+def _add_rpc_server_parser(commands: Any) -> None:
+    server = commands.add_parser("rpc-server", help="serve this machine's CPU or GPU to the "
+                                 "target of a specchat on another machine (trusted networks only)")
+    server.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on "
+                        "(default 127.0.0.1; 0.0.0.0: every interface)")
+    server.add_argument("--port", type=_port, default=50052, help="TCP port (default 50052)")
+    server.add_argument("--threads", dest="server_threads", type=_positive_int,
+                        help="CPU threads (default: every CPU this process may use)")
+    server.add_argument("--device", dest="server_devices", type=_names, default=[],
+                        help="devices to serve, comma-separated, e.g. CUDA0 or CPU (default: the "
+                        "accelerators, else the CPU)")
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 1..65535, got {text}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def rpc_server_command(args: argparse.Namespace) -> int:
+    """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
+    from chatapp.thread_tuner import available_cores
+    from chatapp.backends.rpc import (SECURITY_NOTE, Endpoint, check_server_host, require_rpc,
+                                      serve, server_devices)
+
+    check_server_host(args.host)
+    require_rpc()
+    endpoint = Endpoint(args.host, args.port)
+    devices = server_devices(args.server_devices)
+    threads = args.server_threads or available_cores()
+    print(f"specchat rpc-server on {endpoint}: {', '.join(d.name for d in devices)}, "
+          f"{threads} threads. {SECURITY_NOTE}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the C loop never returns to Python's handler
+    serve(endpoint, threads, devices)
+    print(f"specchat rpc-server: could not listen on {endpoint}: the port is in use or the "
+          "address is not one of this machine's. Pick another --port or --host.", file=sys.stderr)
+    return 1
 
 
 def load_settings(args: argparse.Namespace) -> Config:
@@ -190,8 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stay_offline()
     args = build_parser().parse_args(argv)
     try:
-        config = load_settings(args)
         command = args.command or "tui"
+        if command == "rpc-server":
+            return rpc_server_command(args)
+        config = load_settings(args)
         if command == "run":
             return run_command(config, args.prompt, args.json)
         if command == "models":
@@ -224,6 +283,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     from chatapp.loader import build_session, make_policy
     from chatapp.policy_memory import memory_path, recall, remember
     from chatapp.session import fallback_template_note
+    from chatapp.backends.rpc import rpc_label
     from chatapp.stats import format_summary
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -247,7 +307,8 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
         elif isinstance(event, DoneEvent):
             print()
             note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
-            print(f"{format_summary(event.stats)}{note}", file=sys.stderr)
+            where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+            print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
     if isinstance(policy, AutoDraftLength):
         remember(policy, memory_path(config))
     return 0

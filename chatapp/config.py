@@ -23,6 +23,7 @@ from typing import Any
 
 from platformdirs import user_config_dir
 
+from chatapp.backends.rpc import parse_endpoints
 from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
@@ -54,6 +55,8 @@ class Config:
     gpu_layers: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    rpc: tuple[str, ...] = ()  # "host:port" of RPC servers that hold the target's layers
+    tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
 
     def __post_init__(self) -> None:
         for problem in _range_problems(self):
@@ -109,7 +112,15 @@ def _config_from_table(data: dict[str, Any], path: Path, text: str) -> Config:
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
-    """Check a TOML value against the field's type; draft_length accepts an int or "auto"."""
+    """Check a TOML value against the field's type; draft_length accepts an int or "auto"; the
+    list settings (rpc, tensor_split) become tuples."""
+    if key in _LIST_TYPES:
+        item = _LIST_TYPES[key]
+        if not isinstance(value, list) or not all(
+                isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of {_LIST_HINTS[key]}, "
+                              f"got {value!r}.")
+        return tuple(float(v) if item is not str else v for v in value)
     if key == "draft_length":
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
@@ -133,6 +144,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "max_tokens": (int,), "system_prompt": (str,), "n_ctx": (int,), "threads": (int,),
     "gpu_layers": (int,), "device": (str,), "dtype": (str,),
 }
+_LIST_TYPES: dict[str, type | tuple[type, ...]] = {"rpc": str, "tensor_split": (int, float)}
+_LIST_HINTS = {"rpc": 'strings "host:port"', "tensor_split": "numbers, one per RPC device"}
 
 
 def _range_problems(config: Config) -> list[str]:
@@ -165,6 +178,25 @@ def _range_problems(config: Config) -> list[str]:
         problems.append(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}.")
     if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
         problems.append(f"device must be auto, cpu or cuda[:N], got {config.device!r}.")
+    problems += _rpc_problems(config)
+    return problems
+
+
+def _rpc_problems(config: Config) -> list[str]:
+    problems = []
+    try:
+        parse_endpoints(config.rpc)
+    except ValueError as error:
+        problems.append(f"rpc must list RPC servers as host:port: {error}.")
+    if config.rpc and config.backend != "llama":
+        problems.append("rpc needs backend llama (the RPC servers run llama.cpp), got "
+                        f"{config.backend!r}.")
+    if config.tensor_split and not config.rpc:
+        problems.append("tensor_split splits the target over the rpc servers: set rpc too.")
+    if any(not w >= 0 for w in config.tensor_split) or (
+            config.tensor_split and not sum(config.tensor_split) > 0):
+        problems.append(f"tensor_split weights must be >= 0, not all 0, got "
+                        f"{list(config.tensor_split)}.")
     return problems
 
 
@@ -226,6 +258,8 @@ def toml_value(key: str, value: Any) -> str:
     """``value`` of setting ``key`` as TOML (None has no TOML form: callers leave the key out)."""
     if key == "draft_length":
         return '"auto"' if value == "auto" else str(int(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(key, item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

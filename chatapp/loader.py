@@ -2,12 +2,16 @@
 
 Backends are imported lazily, so the llama.cpp path never imports torch. Progress is reported as
 (message, fraction or None) through the callback, for the CLI's stderr line and the TUI's loader.
+With ``config.rpc`` the target is a ``RemoteTarget`` (its layers on those servers, in a worker
+process); the draft is loaded here as always, in a process that never registers an RPC server,
+so it cannot land on one.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 from chatapp.backends.base import Backend
 from chatapp.catalog import resolve_model
@@ -35,6 +39,8 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
     backend = config.draft_backend_name if role == "draft" else config.backend
     path = resolve_model(model, assembling)
+    if role == "target" and config.rpc:
+        return _load_remote_target(path, model, config, progress)
     if not config.device.startswith("cuda"):
         check_fits([path], backend, config.dtype if config.dtype != "auto" else "float32")
     progress(f"Loading {role} model {model}", None)
@@ -47,6 +53,17 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
     return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,
                            gpu_layers=config.gpu_layers)
+
+
+def _load_remote_target(path: Path, model: str, config: Config,
+                        progress: LoadProgress) -> Backend:
+    """The target on ``config.rpc``'s servers (probed first), with ``config.tensor_split``."""
+    from chatapp.backends.remote_target import RemoteTarget
+    from chatapp.backends.rpc import parse_endpoints
+
+    progress(f"Loading target model {model} on {', '.join(config.rpc)}", None)
+    return RemoteTarget(path, parse_endpoints(config.rpc), n_ctx=config.n_ctx,
+                        threads=config.threads, tensor_split=config.tensor_split)
 
 
 def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet,

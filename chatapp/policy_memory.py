@@ -26,10 +26,13 @@ from chatapp.draft_policy import AutoDraftLength
 
 
 def memory_path(config: Config) -> Path:
-    """Where the measurements for ``config``'s machine, models and drafter are kept."""
+    """Where the measurements for ``config``'s machine, models, drafter and (for a target on RPC
+    servers) layout are kept; a local run's key is the same as before RPC existed."""
     what = [config.backend, config.draft_backend_name, config.draft, config.target,
             config.drafter, str(config.threads), str(config.gpu_layers), config.device,
             config.dtype, str(os.cpu_count())]
+    if config.rpc:  # another layout of the target's layers has other costs
+        what += ["rpc", *config.rpc, *map(str, config.tensor_split)]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
     return Path(user_state_dir("specchat")) / "auto-policy" / f"{key}.json"
 

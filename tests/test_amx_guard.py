@@ -112,6 +112,6 @@ def test_without_a_filter_models_load_without_extra_buffers(monkeypatch) -> None
     backend = object.__new__(backend_module.LlamaCppBackend)
     backend._lib = llama_cpp
     monkeypatch.setattr(backend_module, "_guard", Guard.NO_EXTRA_BUFFERS)
-    assert backend._model_params(0, False).use_extra_bufts is False
+    assert backend._model_params(0, False, True).use_extra_bufts is False
     monkeypatch.setattr(backend_module, "_guard", Guard.NONE)
-    assert backend._model_params(0, False).use_extra_bufts is True
+    assert backend._model_params(0, False, True).use_extra_bufts is True

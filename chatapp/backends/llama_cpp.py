@@ -128,13 +128,20 @@ class LlamaCppBackend:
     """One GGUF model and its KV cache (one sequence). Not thread-safe: one caller at a time."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None,
-                 gpu_layers: int = 0, n_batch: int = 256, use_mmap: bool = False) -> None:
+                 gpu_layers: int = 0, n_batch: int = 256, use_mmap: bool = False,
+                 devices: Sequence[int] | None = None, tensor_split: Sequence[float] = (),
+                 repack: bool = True) -> None:
         """Load the model; raise ``BackendError`` (saying what to do) if it cannot be loaded.
 
         ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
         ``llama_decode``. ``use_mmap`` trades resident memory for load time (see the module notes).
         ``threads`` fixes the CPU thread count; None adapts it to how busy the machine is
         (``AdaptiveThreads``; with GPU layers, all cores, fixed).
+        ``devices`` (ggml device pointers, e.g. RPC servers' from ``chatapp.backends.rpc``) are
+        the only devices the ``gpu_layers`` go to, layer split in that order, weighted by
+        ``tensor_split`` (one weight per device; empty: by free memory); None: every device.
+        ``repack`` False keeps llama.cpp from repacking CPU weights (its "extra" buffer types), as
+        an RPC server's buffers are: then local and RPC logits are bit-identical.
         """
         if n_batch < 1 or n_ctx < 1:
             raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
@@ -142,7 +149,7 @@ class LlamaCppBackend:
         check_gguf_file(self._path)
         lib = _lib()
         self._lib = lib
-        self._model = self._load_model(gpu_layers, use_mmap)
+        self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split, repack)
         self._ctx = None
         self._batch = None
         self.thread_choice: ThreadChoice = (  # llama.cpp's own default is a fixed 4
@@ -169,20 +176,27 @@ class LlamaCppBackend:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _model_params(self, gpu_layers: int, use_mmap: bool) -> Any:
+    def _model_params(self, gpu_layers: int, use_mmap: bool, repack: bool) -> Any:
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        params.use_extra_bufts = repack and _guard is not amx_guard.Guard.NO_EXTRA_BUFFERS
         if hasattr(params, "load_mode"):  # llama.cpp replaced use_mmap with load_mode in 2026
             params.load_mode = (self._lib.LLAMA_LOAD_MODE_MMAP if use_mmap
                                 else self._lib.LLAMA_LOAD_MODE_NONE)
         else:
             params.use_mmap = use_mmap
-        if _guard is amx_guard.Guard.NO_EXTRA_BUFFERS:
-            params.use_extra_bufts = False
         return params
 
-    def _load_model(self, gpu_layers: int, use_mmap: bool) -> Any:
-        params = self._model_params(gpu_layers, use_mmap)
+    def _load_model(self, gpu_layers: int, use_mmap: bool, devices: Sequence[int] | None,
+                    tensor_split: Sequence[float], repack: bool) -> Any:
+        params = self._model_params(gpu_layers, use_mmap, repack)
+        if devices is not None:  # both arrays only need to live until the load returns
+            device_list = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+            params.devices = ctypes.cast(device_list, ctypes.c_void_p).value
+            params.split_mode = self._lib.LLAMA_SPLIT_MODE_LAYER
+        if tensor_split:
+            split = (ctypes.c_float * self._lib.llama_max_devices())(*tensor_split)
+            params.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         _log_tail.clear()
         model = self._lib.llama_model_load_from_file(str(self._path).encode(), params)
         if not model:

@@ -45,6 +45,7 @@ from chatapp.tui.messages import (LoadFailed, LoadProgress, ReplyDone, ReplyFail
                                   ReplyStep, SessionLoaded)
 from chatapp.tui.policy import SwitchablePolicy
 from chatapp.tui.screens import ChatListScreen, HelpScreen, HelpSection, SettingsScreen, key_label
+from chatapp.backends.rpc import rpc_label
 from chatapp.tui.stats_view import TurnInfo, decode_tokens_per_s, is_target_only
 from chatapp.tui.turn import Turn
 from chatapp.tui.widgets import (ChatInput, Conversation, Legend, MessageView, Note, StatsPanel,
@@ -54,7 +55,7 @@ SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 
 # Fields whose change needs the models loaded again.
 RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
-                 "gpu_layers", "device", "dtype")
+                 "gpu_layers", "device", "dtype", "rpc", "tensor_split")
 # Longer descriptions for the help screen than the footer has room for.
 HELP_TEXT = {
     "help": "Help: this list of keys",
@@ -207,8 +208,9 @@ class SpecChatApp(App[int]):
         config = self.config
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" specchat ", style="bold reverse")
+        where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
         text.append(f" {config.backend} │ draft {_drafter_label(config)} → target "
-                    f"{_short_model_name(config.target)} │ ")
+                    f"{_short_model_name(config.target)}{where} │ ")
         text.append(f"K {self.policy.label}", style="bold")
         if self.session is not None and self.session.engine.drafter is None:
             text.append(" (no draft loaded)")
@@ -370,7 +372,7 @@ class SpecChatApp(App[int]):
         self.transcript = list(turn.messages)
         self.turn = turn
         view = MessageView("assistant", k_label=self.policy.label, highlight=self.highlight,
-                           turn=turn)
+                           turn=turn, target_rpc=self.config.rpc)
         turn.view = view
         queued_views = list(self.query(".-queued"))
         if queued and queued_views:
@@ -391,7 +393,8 @@ class SpecChatApp(App[int]):
         return {"k": self.policy.label, "temperature": settings.sampling.temperature,
                 "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
                 "max_tokens": settings.max_tokens, "draft": self.config.draft,
-                "target": self.config.target}
+                "target": self.config.target} | (
+                    {"target_rpc": list(self.config.rpc)} if self.config.rpc else {})
 
     def _save_user_message(self, text: str) -> tuple[int | None, int | None]:
         if self.history is None:
@@ -597,7 +600,8 @@ class SpecChatApp(App[int]):
         number = replies.index(view) + 1 if view in replies else len(replies)
         live = view.live
         stats = view.turn.stats(self.clock()) if live and view.turn else view.stats
-        info = TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, live)
+        info = TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, live,
+                        view.target_rpc)
         panel.show(stats, info, self.baseline_tps)
 
     # -- actions --------------------------------------------------------------------------------
@@ -788,7 +792,8 @@ class SpecChatApp(App[int]):
         return MessageView(message.role, message.content, pieces=message.runs,
                            stats=message.stats, k_label=str(message.meta.get("k", "")),
                            finish_reason=message.finish_reason, message_id=message.id,
-                           highlight=self.highlight)
+                           highlight=self.highlight,
+                           target_rpc=message.meta.get("target_rpc", ()))
 
     def action_export(self) -> None:
         if self.history is None or self.chat_id is None:

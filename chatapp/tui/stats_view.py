@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from rich.style import Style
 from rich.text import Text
 
+from chatapp.backends.rpc import rpc_label
 from chatapp.stats import TurnStats
 
 BAR_WIDTH = 14
@@ -22,6 +23,7 @@ class TurnInfo:
     k_label: str = ""
     finish_reason: str | None = None  # None while streaming
     live: bool = False
+    target_rpc: tuple[str, ...] = ()  # the RPC servers that held the target's layers, if any
 
 
 def decode_tokens_per_s(stats: TurnStats) -> float:
@@ -70,6 +72,8 @@ def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | 
     text.append("\n")
     if info.k_label:
         text.append(f"draft length K {info.k_label}\n", style["muted"])
+    if info.target_rpc:
+        text.append(f"target {rpc_label(info.target_rpc)}\n", style["muted"])
     if stats is None:
         text.append("\nNo statistics for this message.\n", style["muted"])
         return text

@@ -284,12 +284,14 @@ class MessageView(Vertical):
                  pieces: Sequence[tuple[str, TokenSource]] | None = None,
                  stats: TurnStats | None = None, k_label: str = "",
                  finish_reason: str | None = None, message_id: int | None = None,
-                 highlight: bool = True, turn: Turn | None = None) -> None:
+                 highlight: bool = True, turn: Turn | None = None,
+                 target_rpc: Sequence[str] = ()) -> None:
         super().__init__(classes=f"-{role}")
         self.role = role
         self.content = content
         self.stats = stats
         self.k_label = k_label
+        self.target_rpc = tuple(target_rpc)  # where the target ran: RPC servers, or () here
         self.finish_reason = finish_reason
         self.message_id = message_id
         self.turn = turn

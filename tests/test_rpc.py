@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from chatapp.backends.base import BackendError, ChatMessage
-from chatapp.backends.rpc import RPC_INSTALL_COMMAND, Endpoint, probe
+from chatapp.backends.llama_build import FULL_BUILD_COMMAND
+from chatapp.backends.rpc import Endpoint, probe
 from chatapp.config import Config, ConfigError, load_config
 
 WORKTREE = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def _supports_rpc() -> bool:
 
 
 needs_rpc = pytest.mark.skipif(not _supports_rpc(), reason="llama-cpp-python without RPC: "
-                               + RPC_INSTALL_COMMAND)
+                               + FULL_BUILD_COMMAND)
 
 
 def _free_port() -> int:
@@ -126,7 +127,7 @@ def test_a_build_without_rpc_says_how_to_install_it(monkeypatch) -> None:
     monkeypatch.setattr(_lib(), "llama_supports_rpc", lambda: False)
     with pytest.raises(BackendError, match="without the RPC backend") as error:
         rpc.require_rpc()
-    assert RPC_INSTALL_COMMAND in str(error.value)
+    assert FULL_BUILD_COMMAND in str(error.value)
 
 
 def test_rpc_settings_are_checked_with_the_file_and_line(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ skips that buffer and uses its regular CPU repack, which is as fast here.
   ``use_extra_bufts = false`` (no AMX buffer and no repack: about 20% slower decoding, no crash).
 
 Either way the user is told once, with the command that builds llama-cpp-python without the AMX
-kernels (``REBUILD_COMMAND``). Only the llama.cpp path applies it; PyTorch keeps AMX unless a llama.cpp
+kernels (``FULL_BUILD_COMMAND``). Only the llama.cpp path applies it; PyTorch keeps AMX unless a llama.cpp
 model is loaded in the same process.
 """
 
@@ -27,11 +27,8 @@ import errno
 import platform
 from pathlib import Path
 
-NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-REBUILD_COMMAND = (
-    f"CMAKE_ARGS=\"-DGGML_RPC=on -DCMAKE_C_FLAGS='{NO_AMX_FLAGS}' "
-    f"-DCMAKE_CXX_FLAGS='{NO_AMX_FLAGS}'\" pip install --no-cache-dir --force-reinstall "
-    "--no-binary llama-cpp-python llama-cpp-python==0.3.36")
+from chatapp.backends.llama_build import FULL_BUILD_COMMAND
+
 
 _AMX_CPU_FLAGS = frozenset({"amx_tile", "amx_int8"})  # what ggml's AMX kernels execute
 
@@ -150,5 +147,5 @@ def guard_note(guard: Guard) -> str | None:
             "(about 20% slower)")
     return ("This CPU has AMX and this llama-cpp-python build has llama.cpp's AMX kernels, which "
             f"crash on it (llama.cpp issue 20824); {done}. To get a build without them: "
-            f"{REBUILD_COMMAND}")
+            f"{FULL_BUILD_COMMAND}")
 

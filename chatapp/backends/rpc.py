@@ -32,12 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.backends.base import BackendError
+from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 # The one command that installs llama-cpp-python with the RPC backend (and AMX code paths off).
-RPC_INSTALL_COMMAND = (
-    "CMAKE_ARGS=\"-DGGML_RPC=on -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
-    "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" pip install --no-cache-dir "
-    "--force-reinstall --no-binary llama-cpp-python llama-cpp-python==0.3.36")
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
 DEFAULT_PORT = 50052
 PROBE_TIMEOUT_S = 3.0
@@ -100,7 +97,7 @@ def require_rpc() -> None:
     if not _lib().llama_supports_rpc():
         raise BackendError("This llama-cpp-python was built without the RPC backend, so the "
                            f"target cannot run on other machines. Reinstall it with: "
-                           f"{RPC_INSTALL_COMMAND}")
+                           f"{FULL_BUILD_COMMAND}")
 
 
 def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, int, int]:

@@ -63,6 +63,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+_WAL_TRIES = 50  # switching to WAL while another instance creates the file: 50 x 0.1 s
+_WAL_RETRY_S = 0.1
 
 
 class HistoryError(RuntimeError):
@@ -135,7 +137,7 @@ class HistoryStore:
             _prepare_private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal()
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except (OSError, sqlite3.Error) as error:
@@ -143,6 +145,20 @@ class HistoryStore:
                 f"The chat history at {self.path} cannot be opened ({error}). Check that the "
                 "folder is writable, or move the file away to start a fresh history."
             ) from None
+
+    def _use_wal(self) -> None:
+        """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it
+        (busy_timeout does not apply), so while another instance is creating the same new
+        history it is retried for up to 5 s."""
+        for _ in range(_WAL_TRIES - 1):
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+                time.sleep(_WAL_RETRY_S)
+        self._db.execute("PRAGMA journal_mode=WAL")
 
     # -- schema ---------------------------------------------------------------------------------
 

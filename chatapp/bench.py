@@ -53,7 +53,7 @@ from chatapp.drafting import Drafter, common_prefix_length
 from chatapp.engine import GenerationSettings, SpeculativeEngine
 from chatapp.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy
-from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice, available_cores
+from chatapp.thread_tuner import ThreadChoice, available_cores, make_thread_choice
 
 PROMPTS_PATH = Path(__file__).resolve().parent / "data" / "bench_prompts.json"
 DEFAULT_BENCH_TOKENS = 128
@@ -116,7 +116,7 @@ class RunSpec:
         """A new thread choice for one model in this configuration (None: the backend's own)."""
         if self.threads is None:
             return None
-        return AdaptiveThreads(cores) if self.threads == "auto" else FixedThreads(int(self.threads))
+        return make_thread_choice(None if self.threads == "auto" else int(self.threads), cores)
 
 
 def default_specs(k_values: Iterable[int] = DEFAULT_K_VALUES) -> list[RunSpec]:

@@ -70,6 +70,14 @@ class FixedThreads:
         pass
 
 
+def make_thread_choice(threads: int | None, cores: int, adaptive: bool = True) -> ThreadChoice:
+    """``threads`` fixed when given; else all ``cores``, adapting to a busy machine when
+    ``adaptive`` (False where timing the CPU says nothing, e.g. work on a GPU)."""
+    if threads:
+        return FixedThreads(threads)
+    return AdaptiveThreads(cores) if adaptive else FixedThreads(cores)
+
+
 def available_cores() -> int:
     """The CPUs this process may run on."""
     try:

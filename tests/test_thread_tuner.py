@@ -130,3 +130,12 @@ def test_noisy_contention_where_the_other_count_is_very_costly(seed: int) -> Non
     best = best_fixed(this_vm, phases, [1, 2], seed, noise=0.3)
     assert best[1] / adaptive[1] >= 0.9  # once it has settled
     assert sum(best) / sum(adaptive) >= 0.85  # finding it included
+
+
+def test_the_factory_fixes_a_given_count_and_adapts_otherwise() -> None:
+    from chatapp.thread_tuner import make_thread_choice
+
+    assert isinstance(make_thread_choice(3, 8), FixedThreads) and make_thread_choice(3, 8).current == 3
+    assert isinstance(make_thread_choice(None, 8), AdaptiveThreads)
+    fixed = make_thread_choice(None, 8, adaptive=False)
+    assert isinstance(fixed, FixedThreads) and fixed.current == 8

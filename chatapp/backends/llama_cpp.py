@@ -36,7 +36,7 @@ import numpy as np
 from chatapp.backends import amx_guard
 from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.chat_template import render_chat
-from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice, available_cores
+from chatapp.thread_tuner import ThreadChoice, available_cores, make_thread_choice
 
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -152,9 +152,8 @@ class LlamaCppBackend:
         self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split, repack)
         self._ctx = None
         self._batch = None
-        self.thread_choice: ThreadChoice = (  # llama.cpp's own default is a fixed 4
-            FixedThreads(threads or available_cores()) if threads or gpu_layers
-            else AdaptiveThreads(available_cores()))
+        # llama.cpp's own default is a fixed 4
+        self.thread_choice = make_thread_choice(threads, available_cores(), adaptive=not gpu_layers)
         self._threads_set = self.thread_choice.current
         try:
             self._ctx = self._new_context(n_ctx, n_batch, self._threads_set)

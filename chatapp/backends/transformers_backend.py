@@ -48,7 +48,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
 from chatapp.catalog import cache_root, make_tree_private, private_dir  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
-from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, ThreadChoice  # noqa: E402
+from chatapp.thread_tuner import ThreadChoice, make_thread_choice  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20
@@ -95,9 +95,8 @@ class TransformersBackend:
         self._tokenizer = tokenizer
         self._name = name
         self._device = next(model.parameters()).device
-        self.thread_choice: ThreadChoice = (
-            FixedThreads(threads or torch.get_num_threads())
-            if threads or self._device.type != "cpu" else AdaptiveThreads(torch.get_num_threads()))
+        self.thread_choice = make_thread_choice(threads, torch.get_num_threads(),
+                                                adaptive=self._device.type == "cpu")
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx

@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from platformdirs import user_cache_dir
 
-from chatapp.backends.base import BackendError
+from chatapp.errors import UserFacingError
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes in all)
 
@@ -106,11 +106,11 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 
 
-class ModelNotFoundError(BackendError):
+class ModelNotFoundError(UserFacingError):
     """A model name is neither a catalog alias nor an existing path, or its packages are missing."""
 
 
-class ModelIntegrityError(BackendError):
+class ModelIntegrityError(UserFacingError):
     """Assembled weights do not match the catalog's sha256."""
 
 

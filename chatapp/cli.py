@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chatapp.backends.base import BackendError, ChatMessage
-from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError, load_config
+from chatapp.backends.base import ChatMessage
+from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.errors import UserFacingError
 
 SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
 
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chatapp.tui.app import run_app
 
         return run_app(config, vars(args).get("config"))
-    except (BackendError, ConfigError) as error:
+    except UserFacingError as error:
         print(f"specchat: {error}", file=sys.stderr)
         return 1
 

@@ -25,6 +25,7 @@ from platformdirs import user_config_dir
 
 from chatapp.backends.rpc import parse_endpoints
 from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from chatapp.errors import UserFacingError
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 
 BACKENDS = ("llama", "hf")
@@ -32,7 +33,7 @@ DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserFacingError, ValueError):
     """A setting is invalid; the message says where and how to fix it."""
 
 

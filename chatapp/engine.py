@@ -20,21 +20,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chatapp.backends.base import Backend, BackendError
+from chatapp.backends.base import Backend
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength
 from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence,
                               rollback_to_prefix)
+from chatapp.errors import UserFacingError
 from chatapp.events import DoneEvent, Event, FinishReason, StepEvent, TokenEvent, TokenSource
 from chatapp.sampling import SamplingParams, probabilities
 from chatapp.speculative import verify
 from chatapp.stats import StatsRecorder
 
 
-class IncompatibleModelsError(BackendError):
+class IncompatibleModelsError(UserFacingError):
     """Draft and target do not share a vocabulary."""
 
 
-class ContextOverflowError(BackendError):
+class ContextOverflowError(UserFacingError):
     """The prompt does not fit in the context window."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from platformdirs import user_data_dir, user_documents_dir
 
+from chatapp.errors import UserFacingError
 from chatapp.events import TokenSource
 from chatapp.stats import TurnStats
 
@@ -67,7 +68,7 @@ _WAL_TRIES = 50  # switching to WAL while another instance creates the file: 50 
 _WAL_RETRY_S = 0.1
 
 
-class HistoryError(RuntimeError):
+class HistoryError(UserFacingError, RuntimeError):
     """The history database cannot be used; the message says why and what to do."""
 
 

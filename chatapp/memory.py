@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chatapp.backends.base import BackendError
+from chatapp.errors import UserFacingError
 
 _GB = 1024**3
 _LLAMA_OVERHEAD = 1.15  # KV cache at n_ctx 4096, compute buffers, repacking slack
@@ -20,7 +20,7 @@ _GGUF_BITS_PER_WEIGHT = 4.5  # the common Q4 quantisations, a lower bound that o
 _BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class InsufficientMemoryError(BackendError):
+class InsufficientMemoryError(UserFacingError):
     """The model would not fit in the memory that is available."""
 
 

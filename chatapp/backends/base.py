@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from chatapp.errors import UserFacingError
+
 
 @dataclass(frozen=True)
 class ChatMessage:
@@ -26,7 +28,7 @@ class ChatMessage:
     content: str
 
 
-class BackendError(RuntimeError):
+class BackendError(UserFacingError, RuntimeError):
     """A model could not be loaded or run; the message says what to do about it."""
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from chatapp.backends.base import BackendError
 from chatapp.config import ConfigError, default_config_path
+from chatapp.errors import UserFacingError
 
 
 def describe_error(error: BaseException) -> str:
     """One or two sentences for people: what happened and how to fix it. Never a traceback."""
-    if isinstance(error, BackendError):
-        return str(error)
     if isinstance(error, ConfigError):
         return (f"{error} Fix the setting in {default_config_path()}, with a command-line flag, "
                 "or in Settings (F4).")
+    if isinstance(error, UserFacingError):
+        return str(error)
     if isinstance(error, MemoryError):
         return ("Not enough memory to load or run the models. Pick smaller models (see "
                 "`specchat models`), a smaller context window (--n-ctx), or close other programs.")

@@ -255,8 +255,7 @@ def bench_command(config: Config, json_path: Path | None, *,
     if RunSpec(None) not in specs:
         specs = [RunSpec(None), *specs]
     if max_tokens is None:
-        max_tokens = (DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens
-                      else config.max_tokens)
+        max_tokens = bench_max_tokens(config)
 
     owned = backends is None
     if backends is None:
@@ -284,6 +283,11 @@ def bench_command(config: Config, json_path: Path | None, *,
         json_path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"Wrote {json_path}", file=out)
     return 0
+
+
+def bench_max_tokens(config: Config) -> int:
+    """``DEFAULT_BENCH_TOKENS`` new tokens per run unless the config asks for another count."""
+    return DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens else config.max_tokens
 
 
 def load_prompts(path: Path = PROMPTS_PATH) -> list[BenchPrompt]:
@@ -427,6 +431,12 @@ class Bench:
             self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
         reference = runs[TARGET]
         return [make_row(prompt, name, run, reference) for name, run in runs.items()]
+
+    def run_once(self, spec: RunSpec, prompt: list[int], seed: int) -> _Run:
+        """One run of configuration ``spec`` (one of ``specs``) on ``prompt``, both caches
+        emptied first, with the bench's settings; for other benches built on this one."""
+        engine, policy = self._engines[spec.name]
+        return self._generate(spec, engine, policy, prompt, self.settings, seed=seed)
 
     def prompt_tokens(self, prompt: BenchPrompt) -> list[int]:
         system = [ChatMessage("system", self.config.system_prompt)] if (

@@ -248,3 +248,35 @@ def test_busy_processes_run_beside_the_bench_and_stop() -> None:
     with BusyProcesses(2, max_s=30) as busy:
         assert busy.running == 2
     assert busy.running == 0
+
+
+def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
+    """Turn n's prompt is the whole chat so far: it holds every earlier user turn and reply."""
+    from chatapp.bench_conversation import (Conversation, conversation_command, load_conversation,
+                                            reply_text)
+    from chatapp.bench_conversation import run_conversation
+    from chatapp.bench import Bench
+
+    assert len(load_conversation().turns) == 4  # write, then three changes
+    conversation = Conversation("c", ("the spec token", "and the draft", "is the target"))
+    target = FakeBackend()
+    bench = Bench(Config(seed=0), BenchBackends(target, FakeBackend(noise=1.0)),
+                  [RunSpec(None), RunSpec("model", 2)], 20, io.StringIO(), False)
+    result = run_conversation(bench, conversation, io.StringIO())
+    assert [len(p) for p in result.prompts] == sorted(len(p) for p in result.prompts)
+    for turn in range(1, len(conversation.turns)):
+        reply = result.replies[turn - 1]
+        assert reply  # a reply was made and is kept
+        later = reply_text(target, result.prompts[turn])
+        assert reply_text(target, target.tokenize(reply)) in later
+        assert all(text in later for text in conversation.turns[:turn + 1])
+    assert {(row.config, row.turn) for row in result.rows} == {
+        (name, turn) for name in ("target", "K=2") for turn in (1, 2, 3)}
+
+    out = io.StringIO()
+    code = conversation_command(Config(seed=0), [RunSpec("model", 2)], 20, tmp_path / "c.json",
+                                backends=BenchBackends(FakeBackend(), FakeBackend(noise=1.0)),
+                                warmup=False, out=out, log=io.StringIO(), conversation=conversation)
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert code == 0 and data["summary"]["target"]["ratio"] == 1.0
+    assert "| K=2 |" in out.getvalue() and "conversation" in out.getvalue()

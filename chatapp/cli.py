@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the short warm-up run of every configuration")
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
                        "every prompt (the cold first turn) instead of one kept across prompts")
+    bench.add_argument("--conversation", action="store_true", help="run the scripted "
+                       "multi-turn editing conversation as one chat instead of the prompts")
+    bench.add_argument("--against-llama-cpp", type=Path, metavar="DIR", help="also run llama.cpp's "
+                       "llama-bench and llama-speculative-simple from DIR on the same prompts and "
+                       "print one comparison table")
     _add_rpc_server_parser(commands)
     return parser
 
@@ -223,8 +228,8 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 def bench(config: Config, args: argparse.Namespace) -> int:
     """`specchat bench` with the prompts and configurations its flags choose."""
-    from chatapp.bench import PROMPTS_PATH, bench_command, default_specs, load_prompts, \
-        select_prompts
+    from chatapp.bench import PROMPTS_PATH, bench_command, bench_max_tokens, default_specs, \
+        load_prompts, select_prompts
 
     try:
         prompts = select_prompts(load_prompts(args.prompt_file or PROMPTS_PATH), args.prompts)
@@ -232,6 +237,16 @@ def bench(config: Config, args: argparse.Namespace) -> int:
         print(f"specchat bench: cannot use those prompts: {error}", file=sys.stderr)
         return 2
     specs = args.configs or (default_specs(args.k_values) if args.k_values else None)
+    if args.against_llama_cpp is not None:
+        from chatapp.llama_cpp_compare import compare_command
+
+        return compare_command(config, args.against_llama_cpp, prompts, specs,
+                               bench_max_tokens(config), warmup=args.warmup, repeats=args.repeats)
+    if args.conversation:
+        from chatapp.bench_conversation import conversation_command
+
+        return conversation_command(config, specs or default_specs(), bench_max_tokens(config),
+                                    args.json_path, warmup=args.warmup)
     return bench_command(config, args.json_path, prompts=prompts, specs=specs,
                          warmup=args.warmup, fresh_policy=args.fresh_policy,
                          repeats=args.repeats, busy=args.busy)

@@ -147,11 +147,6 @@ class LlamaCpp:
     threads: int
     n_ctx: int
 
-    def check(self) -> None:
-        """Fail now, before any model is loaded, if a tool is missing."""
-        tool_path(self.directory, BENCH_TOOL)
-        tool_path(self.directory, SPEC_TOOL)
-
     def bench_tg(self, tokens: int, repetitions: int = BENCH_REPETITIONS) -> LlamaCppRun:
         """``llama-bench -p 0 -n tokens -t threads``: plain decoding, the ``none`` row."""
         command = [str(tool_path(self.directory, BENCH_TOOL)), "-m", str(self.target), "-p", "0",
@@ -186,9 +181,10 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
     specs = list(specs or [RunSpec.parse(s) for s in DEFAULT_COMPARE_SPECS])
     if RunSpec(None) not in specs:
         specs.insert(0, RunSpec(None))
+    for tool in (BENCH_TOOL, SPEC_TOOL):
+        tool_path(directory, tool)  # before any model is loaded
     llama = LlamaCpp(directory, resolve_model(config.target), resolve_model(config.draft),
                      config.threads, config.n_ctx)
-    llama.check()
 
     backends = BenchBackends(load_backend(config.target, "target", config, _progress(log)))
     try:

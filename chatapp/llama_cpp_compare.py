@@ -1,9 +1,11 @@
 """`specchat bench --against-llama-cpp DIR`: llama.cpp's own tools beside specchat, one table.
 
 DIR holds binaries built from the llama.cpp source vendored by llama-cpp-python (``llama-bench``
-and ``llama-speculative-simple``). For every bench prompt specchat runs first (its configurations,
-interleaved, as in ``specchat bench``); then, with specchat's models unloaded, llama.cpp runs on
-the same models (the GGUF files specchat loaded), the same threads, greedy, on the same prompt:
+and ``llama-speculative-simple``). ``llama-bench`` runs first; then, prompt by prompt, specchat's
+configurations (interleaved, as in ``specchat bench``) and right after them llama.cpp's modes on
+the same prompt, so that a shared machine's noise hits both sides alike (specchat's models stay
+loaded meanwhile, idle). llama.cpp uses the same models (the GGUF files specchat loads), the same
+threads, greedy:
 
 - ``none``: ``llama-bench -p 0 -n N -t T`` (plain decoding, ``tg``; the same for every prompt:
   ``llama-speculative-simple`` cannot run without a speculative type);
@@ -186,38 +188,47 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
     llama = LlamaCpp(directory, resolve_model(config.target), resolve_model(config.draft),
                      config.threads, config.n_ctx)
 
+    print(f"Running llama-bench ({directory}) ...", file=log, flush=True)
+    tg = llama.bench_tg(max_tokens)
     backends = BenchBackends(load_backend(config.target, "target", config, _progress(log)))
+    rows: list[Row] = []
+    runs: dict[tuple[str, str], LlamaCppRun] = {}
+    counts: dict[str, int] = {}
     try:
         bench = Bench(config, backends, specs, max_tokens, log, False, repeats)
         if warmup:
             bench.warm_up(prompts[0])
-        rows = bench.run(prompts)
-        texts = {p.id: prompt_text(bench.prompt_tokens(p), backends.target.token_bytes)
-                 for p in prompts}
-        counts = {p.id: len(bench.prompt_tokens(p)) for p in prompts}
+        for prompt in prompts:  # interleaved per prompt: machine noise hits both sides alike
+            mine = bench.run([prompt])
+            if not mine:
+                break
+            rows.extend(mine)
+            tokens = bench.prompt_tokens(prompt)
+            counts[prompt.id] = len(tokens)
+            length = next(row.tokens for row in mine if row.config == TARGET)
+            text = prompt_text(tokens, backends.target.token_bytes)
+            for mode in SPEC_MODES:
+                runs[(prompt.id, mode.name)] = _checked(
+                    prompt.id, len(tokens), llama.speculative(mode, text, length, config.seed or 0))
+                print(f"{prompt.id:<16} {mode.name:<26} {runs[(prompt.id, mode.name)].tokens:4d} "
+                      f"tokens {runs[(prompt.id, mode.name)].tokens_per_s:6.1f} tok/s", file=log,
+                      flush=True)
     finally:
         for backend in (backends.target, backends.draft):
             if backend is not None:
                 backend.close()
-    done = {row.prompt for row in rows}
-    prompts = [p for p in prompts if p.id in done]
-    lengths = {row.prompt: row.tokens for row in rows if row.config == TARGET}
-
-    print(f"Running llama.cpp ({directory}) ...", file=log, flush=True)
-    tg = llama.bench_tg(max_tokens)
-    runs: dict[tuple[str, str], LlamaCppRun] = {}
-    for number, prompt in enumerate(prompts, 1):
-        for mode in SPEC_MODES:
-            run = llama.speculative(mode, texts[prompt.id], lengths[prompt.id], config.seed or 0)
-            if run.prompt_tokens != counts[prompt.id]:
-                raise LlamaCppCompareError(
-                    f"{prompt.id}: llama.cpp encoded {run.prompt_tokens} prompt tokens, specchat "
-                    f"{counts[prompt.id]}: the prompts differ, the comparison would not be fair")
-            runs[(prompt.id, mode.name)] = run
-            print(f"[{number}/{len(prompts)}] {prompt.id:<16} {mode.name:<26} {run.tokens:4d} "
-                  f"tokens {run.tokens_per_s:6.1f} tok/s", file=log, flush=True)
+    prompts = [p for p in prompts if p.id in counts]
     print_comparison(out, config, prompts, rows, [s.name for s in specs], tg, runs, counts)
     return 0
+
+
+def _checked(prompt_id: str, count: int, run: LlamaCppRun) -> LlamaCppRun:
+    """``run`` when llama.cpp encoded ``count`` prompt tokens, as specchat did; else an error."""
+    if run.prompt_tokens != count:
+        raise LlamaCppCompareError(
+            f"{prompt_id}: llama.cpp encoded {run.prompt_tokens} prompt tokens, specchat {count}: "
+            "the prompts differ, the comparison would not be fair")
+    return run
 
 
 def print_comparison(out: TextIO, config: Config, prompts: Sequence[BenchPrompt],

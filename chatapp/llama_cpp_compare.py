@@ -15,8 +15,9 @@ threads, greedy:
 Same prompt tokens: specchat's chat-templated prompt tokens are written back as their exact text
 (special tokens spelled out) and given with ``-p`` and ``--no-escape`` (``-f`` would drop the
 template's final newline); llama.cpp's "encoded N tokens" must equal specchat's count, else the
-run stops with a message. Equal lengths: each llama.cpp run generates, with ``--ignore-eos``, as
-many tokens as specchat's target-only run of that prompt emitted. Speed is decode tokens/s, the
+run stops with a message. Equal lengths: each llama.cpp run is asked, with ``--ignore-eos``, for
+as many tokens as specchat's target-only run of that prompt emitted (its last accepted draft may
+overshoot by a few; the table shows its count then). Speed is decode tokens/s, the
 prompt excluded (llama.cpp's "decoded ... speed" line, llama-bench's ``avg_ts``).
 
 A missing tool, a tool that fails, or output that cannot be parsed is a ``LlamaCppCompareError``
@@ -239,15 +240,20 @@ def print_comparison(out: TextIO, config: Config, prompts: Sequence[BenchPrompt]
     columns = [NONE] + [m.name for m in SPEC_MODES] + [f"specchat {name}" for name in configs]
     print(f"Decode tokens/s (prompt excluded), greedy, {config.threads} threads, target "
           f"{config.target}, draft {config.draft}; llama.cpp none: llama-bench tg{tg.tokens}; "
-          "every other llama.cpp run generates as many tokens as specchat's target-only run "
-          "(new tokens / prompt tokens in the prompt column).", file=out)
+          "every other llama.cpp run is asked for as many tokens as specchat's target-only run "
+          "made (new tokens / prompt tokens in the prompt column; a llama.cpp cell says in "
+          "brackets how many it decoded where a last accepted draft overshot).", file=out)
     print("| prompt | " + " | ".join(columns) + " |", file=out)
     print("|---" * (len(columns) + 1) + "|", file=out)
     for prompt in prompts:
         length = by_key[(prompt.id, TARGET)].tokens
         cells = [f"{tg.tokens_per_s:.1f} (bench tg)"]
-        cells += [f"{runs[(prompt.id, m.name)].tokens_per_s:.1f}" for m in SPEC_MODES]
+        cells += [_cell(runs[(prompt.id, m.name)], length) for m in SPEC_MODES]
         cells += [f"{by_key[(prompt.id, n)].tokens_per_s:.1f}" if (prompt.id, n) in by_key
                   else "-" for n in configs]
         print(f"| {prompt.id} ({length}/{counts[prompt.id]}) | " + " | ".join(cells) + " |",
               file=out)
+
+
+def _cell(run: LlamaCppRun, length: int) -> str:
+    return f"{run.tokens_per_s:.1f}" + ("" if run.tokens == length else f" ({run.tokens})")

@@ -199,6 +199,13 @@ class TransformersBackend:
             self._cache.crop(n - len(self._tokens))  # a negative count removes that many tokens
         del self._tokens[n:]
 
+    @property
+    def torch_model(self) -> Any:
+        """The loaded transformers model (a ``PreTrainedModel`` in eval mode), for callers that
+        drive transformers itself, such as the bench's assisted-generation reference. Calls on it
+        bypass this backend's KV cache. Raises ``BackendError`` once the backend is closed."""
+        return self._live_model()
+
     def close(self) -> None:
         """Release the model, the tokenizer and the cache. Safe to call twice."""
         if self._model is None:

@@ -13,20 +13,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from platformdirs import user_config_dir
-
 from chatapp.backends.rpc import parse_endpoints
 from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.errors import UserFacingError
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.user_files import config_dir, private_dir, write_private
 
 BACKENDS = ("llama", "hf")
 DRAFT_BACKENDS = ("same", *BACKENDS)
@@ -79,7 +76,7 @@ class Config:
 
 
 def default_config_path() -> Path:
-    return Path(user_config_dir("specchat")) / "config.toml"
+    return config_dir() / "config.toml"
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -240,8 +237,8 @@ def save_config(config: Config, path: Path | None = None) -> Path:
         raise ConfigError(f"Could not save the settings to {path}: they would not read back the "
                           f"same.")
     try:
-        _make_dirs(target.parent)
-        write_atomically(target, text.encode("utf-8"))
+        private_dir(target.parent)
+        write_private(target, text.encode("utf-8"))
     except (OSError, UnicodeEncodeError) as error:
         raise ConfigError(f"Could not save the settings to {path}: {_reason(error)}.") from None
     return path
@@ -394,47 +391,3 @@ def _updated_text(config: Config, old_text: str | None, path: Path) -> str:
         text += newline
     return text + "".join(appended)
 
-
-def _make_dirs(directory: Path) -> None:
-    """Create ``directory`` and missing parents, each new one 0700; existing ones are left alone."""
-    missing = []
-    while not directory.exists():
-        missing.append(directory)
-        if directory.parent == directory:
-            break
-        directory = directory.parent
-    for new in reversed(missing):
-        try:
-            new.mkdir(mode=0o700)
-        except FileExistsError:
-            continue  # made meanwhile by someone else: not ours to chmod
-        os.chmod(new, 0o700)  # whatever the umask
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file next to ``path``, fsync it, rename it over ``path``, fsync the
-    directory. The new file is 0600 (mkstemp's mode, set again in case of an odd umask)."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        try:
-            os.unlink(temp_name)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return  # some systems cannot open a directory; the rename is done anyway
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)

@@ -16,7 +16,8 @@ from textual.widgets import Button, Input, Label, OptionList, Select, Static, Te
 from textual.widgets.option_list import Option
 
 from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError,
-                            default_config_path, save_config)
+                            default_config_path)
+from chatapp.config_file import save_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore

@@ -20,12 +20,8 @@ from typing import Any
 from chatapp.backends.rpc import parse_endpoints
 from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.errors import UserFacingError
-from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.options import OPTIONS, OptionError, problems
 from chatapp.user_files import config_dir
-
-BACKENDS = ("llama", "hf")
-DRAFT_BACKENDS = ("same", *BACKENDS)
-DRAFTERS = ("model", "ngram", "ngram+model")
 
 
 class ConfigError(UserFacingError, ValueError):
@@ -55,7 +51,7 @@ class Config:
     tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
 
     def __post_init__(self) -> None:
-        for problem in _range_problems(self):
+        for problem in problems(self) + _rpc_problems(self):
             raise ConfigError(problem)
 
     @property
@@ -101,7 +97,10 @@ def config_from_table(data: dict[str, Any], path: Path, text: str) -> Config:
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"{where}: unknown setting '{key}'.{hint} "
                               f"Known settings: {', '.join(known)}.")
-        values[key] = _coerce(key, value, where)
+        try:
+            values[key] = OPTIONS[key].from_toml(value)
+        except OptionError as error:
+            raise ConfigError(f"{where}: {error}") from None
     try:
         return Config(**values)
     except ConfigError as error:
@@ -109,93 +108,24 @@ def config_from_table(data: dict[str, Any], path: Path, text: str) -> Config:
         raise ConfigError(f"{path}, line {_line_of(text, key)}: {error}") from None
 
 
-def _coerce(key: str, value: Any, where: str) -> Any:
-    """Check a TOML value against the field's type; draft_length accepts an int or "auto"; the
-    list settings (rpc, tensor_split) become tuples."""
-    if key in _LIST_TYPES:
-        item = _LIST_TYPES[key]
-        if not isinstance(value, list) or not all(
-                isinstance(v, item) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{where}: '{key}' must be a list of {_LIST_HINTS[key]}, "
-                              f"got {value!r}.")
-        return tuple(float(v) if item is not str else v for v in value)
-    if key == "draft_length":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        if value == "auto":
-            return value
-        raise ConfigError(f"{where}: 'draft_length' must be a whole number 0..{MAX_DRAFT_LENGTH} "
-                          f"or \"auto\", got {value!r}.")
-    expected = _FIELD_TYPES[key]
-    if isinstance(value, bool) or not isinstance(value, expected):
-        if float in expected and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        names = " or ".join(t.__name__ for t in expected)
-        raise ConfigError(f"{where}: '{key}' must be {names}, got {type(value).__name__} {value!r}.")
-    return value
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "draft": (str,), "target": (str,), "backend": (str,), "draft_backend": (str,),
-    "drafter": (str,),
-    "temperature": (float,), "top_k": (int,), "top_p": (float,), "seed": (int,),
-    "max_tokens": (int,), "system_prompt": (str,), "n_ctx": (int,), "threads": (int,),
-    "gpu_layers": (int,), "device": (str,), "dtype": (str,),
-}
-_LIST_TYPES: dict[str, type | tuple[type, ...]] = {"rpc": str, "tensor_split": (int, float)}
-_LIST_HINTS = {"rpc": 'strings "host:port"', "tensor_split": "numbers, one per RPC device"}
-
-
-def _range_problems(config: Config) -> list[str]:
-    """Every out-of-range value, each message starting with the key's name."""
-    problems = []
-    if config.backend not in BACKENDS:
-        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}.")
-    if config.draft_backend not in DRAFT_BACKENDS:
-        problems.append(f"draft_backend must be one of {', '.join(DRAFT_BACKENDS)}, "
-                        f"got {config.draft_backend!r}.")
-    if config.drafter not in DRAFTERS:
-        problems.append(f"drafter must be one of {', '.join(DRAFTERS)}, got {config.drafter!r}.")
-    if config.draft_length != "auto" and not (
-            config.draft_length.isdigit() and int(config.draft_length) <= MAX_DRAFT_LENGTH):
-        problems.append(f"draft_length must be 0..{MAX_DRAFT_LENGTH} or auto, "
-                        f"got {config.draft_length!r}.")
-    if not config.temperature >= 0:
-        problems.append(f"temperature must be >= 0, got {config.temperature}.")
-    if config.top_k < 0:
-        problems.append(f"top_k must be >= 0 (0 = off), got {config.top_k}.")
-    if not 0 < config.top_p <= 1:
-        problems.append(f"top_p must be in (0, 1], got {config.top_p}.")
-    if config.max_tokens < 1:
-        problems.append(f"max_tokens must be >= 1, got {config.max_tokens}.")
-    if config.n_ctx < 64:
-        problems.append(f"n_ctx must be >= 64, got {config.n_ctx}.")
-    if config.threads is not None and config.threads < 1:
-        problems.append(f"threads must be >= 1, got {config.threads}.")
-    if config.dtype not in ("auto", "float32", "bfloat16", "float16"):
-        problems.append(f"dtype must be auto, float32, bfloat16 or float16, got {config.dtype!r}.")
-    if config.device not in ("auto", "cpu", "cuda") and not config.device.startswith("cuda:"):
-        problems.append(f"device must be auto, cpu or cuda[:N], got {config.device!r}.")
-    problems += _rpc_problems(config)
-    return problems
-
-
 def _rpc_problems(config: Config) -> list[str]:
-    problems = []
+    """What is wrong with the RPC settings (the servers' addresses, and their ties to the
+    backend and to tensor_split), each text starting with the setting's name."""
+    found = []
     try:
         parse_endpoints(config.rpc)
     except ValueError as error:
-        problems.append(f"rpc must list RPC servers as host:port: {error}.")
+        found.append(f"rpc must list RPC servers as host:port: {error}.")
     if config.rpc and config.backend != "llama":
-        problems.append("rpc needs backend llama (the RPC servers run llama.cpp), got "
+        found.append("rpc needs backend llama (the RPC servers run llama.cpp), got "
                         f"{config.backend!r}.")
     if config.tensor_split and not config.rpc:
-        problems.append("tensor_split splits the target over the rpc servers: set rpc too.")
+        found.append("tensor_split splits the target over the rpc servers: set rpc too.")
     if any(not w >= 0 for w in config.tensor_split) or (
             config.tensor_split and not sum(config.tensor_split) > 0):
-        problems.append(f"tensor_split weights must be >= 0, not all 0, got "
+        found.append(f"tensor_split weights must be >= 0, not all 0, got "
                         f"{list(config.tensor_split)}.")
-    return problems
+    return found
 
 
 def _line_of(text: str, key: str) -> int:

@@ -29,7 +29,6 @@ class Run:
     speeds: list[float] = field(default_factory=list)
 
 
-
 @dataclass
 class Row:
     """One prompt through one configuration."""
@@ -68,6 +67,8 @@ class Row:
 
 @dataclass
 class Summary:
+    """One configuration over all prompts: sums, and ratios as geometric means."""
+
     config: str
     prompts: int
     tokens_per_s: float  # all tokens / all generation time
@@ -90,7 +91,6 @@ class Summary:
         return dataclasses.asdict(self)
 
 
-
 def generation_speed(stats: Any) -> float:
     """Emitted tokens / (turn time - prompt time); 0 for a turn without generation time."""
     seconds = stats.total_s - stats.prompt_s
@@ -98,6 +98,8 @@ def generation_speed(stats: Any) -> float:
 
 
 def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
+    """The row of ``run`` (configuration ``name`` on ``prompt``), its ratio and sameness
+    measured against ``reference``, the target-only run of the same prompt."""
     stats = run.stats
     speed = generation_speed(stats)
     reference_speed = generation_speed(reference.stats)
@@ -124,13 +126,14 @@ def _engine_share(total_s: float, prompt_s: float, model_s: float) -> float:
     return max(0.0, total_s - model_s) / generation_s if generation_s > 0 and model_s > 0 else 0.0
 
 
-
 def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of the positive ``values`` (0 when there is none)."""
     values = [v for v in values if v > 0]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
 def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
+    """One summary per configuration of ``configs`` that has rows, in that order."""
     summaries = []
     for name in configs:
         mine = [row for row in rows if row.config == name]
@@ -165,6 +168,8 @@ def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
 
 def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Sequence[Row],
                  peak_rss_mib: float) -> None:
+    """The table: ``title``, the summaries, the ratios by category and by prompt, a legend and
+    the peak memory."""
     print(title, file=out)
     if not summaries:
         print("No complete run.", file=out)

@@ -71,7 +71,6 @@ def _model_seconds(*backends: Backend | None) -> float:
     return sum(b.model_s for b in backends if isinstance(b, ModelClock))
 
 
-
 def progress_printer(log: TextIO) -> Callable[[str, float | None], None]:
     """A loader progress callback that prints each message (and its share done) to ``log``."""
     def report(message: str, fraction: float | None) -> None:
@@ -80,8 +79,11 @@ def progress_printer(log: TextIO) -> Callable[[str, float | None], None]:
     return report
 
 
-
 class Bench:
+    """Every configuration of ``specs`` as an engine and a policy on the shared ``backends``
+    (built once, so that an auto policy learns across prompts); ``warm_up`` and ``run`` decode
+    through them, ``meta`` and ``describe`` say what was measured."""
+
     def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
                  max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
                  busy: int = 0) -> None:

@@ -17,6 +17,8 @@ TARGET = "target"  # the name of the target-only configuration, the reference of
 
 @dataclass(frozen=True)
 class BenchPrompt:
+    """One prompt of the set: its ``id``, its ``category`` and the user message ``text``."""
+
     id: str
     category: str
     text: str
@@ -72,11 +74,13 @@ class RunSpec:
 
 
 def default_specs(k_values: Iterable[int] = DEFAULT_K_VALUES) -> list[RunSpec]:
+    """Target-only, the draft model at each K of ``k_values`` and auto, n-gram, n-gram + model."""
     return ([RunSpec(None)] + [RunSpec("model", k) for k in k_values]
             + [RunSpec("model"), RunSpec("ngram"), RunSpec("ngram+model")])
 
 
 def load_prompts(path: Path = PROMPTS_PATH) -> list[BenchPrompt]:
+    """The prompts of the JSON file ``path`` (``{"prompts": [{"id", "category", "text"}]}``)."""
     data = json.loads(path.read_text(encoding="utf-8"))
     return [BenchPrompt(p["id"], p["category"], p["text"]) for p in data["prompts"]]
 

@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from chatapp import user_files
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture
-def open_umask() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
+from tests.test_catalog import _mode, open_umask  # noqa: F401 (a fixture)
 
 
 def test_new_folders_are_private_existing_ones_keep_their_mode(tmp_path: Path,

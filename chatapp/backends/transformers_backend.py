@@ -45,10 +45,10 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
+from chatapp.backends.base import BackendError, ChatMessage, ModelFacts  # noqa: E402
 from chatapp import user_files  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
-from chatapp.thread_tuner import ThreadChoice, make_thread_choice  # noqa: E402
+from chatapp.thread_tuner import make_thread_choice  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20
@@ -64,7 +64,7 @@ _SAFE_LOAD = {"local_files_only": True, "trust_remote_code": False}
 hf_logging.disable_progress_bar()  # loading progress goes through specchat's own callback
 
 
-class TransformersBackend:
+class TransformersBackend(ModelFacts):
     """One HF causal LM, its tokenizer and its KV cache. Not thread-safe."""
 
     def __init__(self, source: str | os.PathLike[str], *, device: str = "auto",
@@ -112,28 +112,6 @@ class TransformersBackend:
         self.uses_fallback_template = False
 
     # -- the Backend protocol ------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def use_threads(self, choice: ThreadChoice) -> None:
-        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
-        self.thread_choice = choice
-
-    @property
-    def threads(self) -> int:
-        """The CPU thread count forwards use now."""
-        return self.thread_choice.current
-
-    @property
-    def n_ctx(self) -> int:
-        """The requested context, capped at the model's ``max_position_embeddings``."""
-        return self._n_ctx
 
     @property
     def stop_ids(self) -> frozenset[int]:

@@ -252,10 +252,9 @@ def test_busy_processes_run_beside_the_bench_and_stop() -> None:
 
 def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
     """Turn n's prompt is the whole chat so far: it holds every earlier user turn and reply."""
-    from chatapp.bench_conversation import (Conversation, conversation_command, load_conversation,
-                                            reply_text)
-    from chatapp.bench_conversation import run_conversation
-    from chatapp.bench import Bench
+    from chatapp.bench.conversation import (Conversation, conversation_command, load_conversation,
+                                            reply_text, run_conversation)
+    from chatapp.bench.runner import Bench
 
     assert len(load_conversation().turns) == 4  # write, then three changes
     conversation = Conversation("c", ("the spec token", "and the draft", "is the target"))

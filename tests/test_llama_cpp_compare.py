@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.errors import UserFacingError
-from chatapp.llama_cpp_compare import (SPEC_MODES, LlamaCpp, LlamaCppCompareError,
+from chatapp.bench.llama_cpp_compare import (SPEC_MODES, LlamaCpp, LlamaCppCompareError,
                                        parse_bench_output, parse_speculative_output, prompt_text)
 
 SPEC_OUTPUT = """main: encoded   42 tokens in    0.700 seconds, speed:   60.000 t/s

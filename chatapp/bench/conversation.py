@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TextIO
 
 from chatapp.backends.base import Backend, ChatMessage
-from chatapp.bench import (TARGET, Bench, BenchBackends, BenchPrompt, RunSpec, _progress,
-                           rotated)
+from chatapp.bench.runner import Bench, BenchBackends, progress_printer, rotated
+from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
 from chatapp.config import Config
 from chatapp.loader import load_backend
 
-CONVERSATION_PATH = Path(__file__).resolve().parent / "data" / "bench_conversation.json"
+CONVERSATION_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_conversation.json"
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def conversation_command(config: Config, specs: Sequence[RunSpec], max_tokens: i
         specs.insert(0, RunSpec(None))
     owned = backends is None
     if backends is None:
-        backends = BenchBackends(load_backend(config.target, "target", config, _progress(log)))
+        backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     try:
         bench = Bench(config, backends, specs, max_tokens, log, False)
         if warmup:

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from chatapp.bench import TARGET, Bench, BenchBackends, BenchPrompt, Row, RunSpec, _progress
+from chatapp.bench.report import Row
+from chatapp.bench.runner import Bench, BenchBackends, progress_printer
+from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
 from chatapp.catalog import resolve_model
 from chatapp.config import Config
 from chatapp.errors import UserFacingError
@@ -191,7 +193,7 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
 
     print(f"Running llama-bench ({directory}) ...", file=log, flush=True)
     tg = llama.bench_tg(max_tokens)
-    backends = BenchBackends(load_backend(config.target, "target", config, _progress(log)))
+    backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     rows: list[Row] = []
     runs: dict[tuple[str, str], LlamaCppRun] = {}
     counts: dict[str, int] = {}

@@ -103,8 +103,8 @@ def prompt_text(backend_tokens: Sequence[int], token_bytes: Callable[[int], byte
     return b"".join(token_bytes(t) for t in backend_tokens).decode("utf-8", errors="strict")
 
 
-def _run_tool(command: Sequence[str]) -> str:
-    """Run ``command``; its stdout and stderr together, or a clear error when it fails."""
+def _run_tool(command: Sequence[str]) -> tuple[str, str]:
+    """Run ``command``; its stdout and stderr, or a clear error when it fails."""
     try:
         done = subprocess.run(list(command), capture_output=True, text=True, errors="replace",
                               timeout=TOOL_TIMEOUT_S, check=False)
@@ -115,7 +115,7 @@ def _run_tool(command: Sequence[str]) -> str:
         tail = "\n".join(output.strip().splitlines()[-5:])
         raise LlamaCppCompareError(f"{Path(command[0]).name} failed (exit {done.returncode}); "
                                    f"its last lines:\n{tail}")
-    return output
+    return done.stdout, done.stderr
 
 
 def parse_speculative_output(mode: str, output: str) -> LlamaCppRun:
@@ -131,10 +131,10 @@ def parse_speculative_output(mode: str, output: str) -> LlamaCppRun:
 
 
 def parse_bench_output(output: str) -> LlamaCppRun:
-    """The ``tg`` entry of ``llama-bench -o json``."""
+    """The ``tg`` entry of ``llama-bench -o json``'s stdout."""
     start, end = output.find("["), output.rfind("]")
     try:
-        entries = json.loads(output[start:end + 1]) if start >= 0 < end else None
+        entries = json.loads(output[start:end + 1]) if 0 <= start < end else None
         entry = next(e for e in entries if int(e["n_gen"]) > 0 and int(e["n_prompt"]) == 0)
         return LlamaCppRun(NONE, int(entry["n_gen"]), float(entry["avg_ts"]))
     except (ValueError, TypeError, KeyError, StopIteration):
@@ -157,7 +157,7 @@ class LlamaCpp:
         command = [str(tool_path(self.directory, BENCH_TOOL)), "-m", str(self.target), "-p", "0",
                    "-n", str(tokens), "-t", str(self.threads), "-r", str(repetitions),
                    "-o", "json"]
-        return parse_bench_output(_run_tool(command))
+        return parse_bench_output(_run_tool(command)[0])  # the JSON is on stdout
 
     def speculative(self, mode: SpecMode, text: str, tokens: int, seed: int) -> LlamaCppRun:
         """``llama-speculative-simple`` in ``mode`` on the prompt ``text``, greedy, exactly
@@ -167,7 +167,7 @@ class LlamaCpp:
                    "-p", text, "--no-escape", "-n", str(tokens), "--ignore-eos",
                    "-t", str(self.threads), "-td", str(self.threads), "-c", str(self.n_ctx),
                    "--temp", "0", "--top-k", "1", "-s", str(seed)]
-        return parse_speculative_output(mode.name, _run_tool(command))
+        return parse_speculative_output(mode.name, "\n".join(_run_tool(command)))
 
 
 # -- the command ------------------------------------------------------------------------------------

@@ -51,6 +51,29 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.rng = np.random.default_rng(seed)
 
+    def configure(self, settings: GenerationSettings, system_prompt: str) -> None:
+        """Use ``settings`` and ``system_prompt`` from the next reply on."""
+        self.settings = settings
+        self.system_prompt = system_prompt
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random generator from ``seed`` (the same seed gives the same replies)."""
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def close(self) -> None:
+        """Release both models; best effort (the process may be exiting)."""
+        engine = self.engine
+        drafter = engine.drafter
+        model_drafter = getattr(drafter, "model", drafter)  # ngram+model wraps the model drafter
+        for backend in (engine.target, getattr(model_drafter, "backend", None)):
+            close = getattr(backend, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    pass
+
     def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
         """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
 

@@ -20,7 +20,8 @@ from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigEr
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
-from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable, printable_line
+from chatapp.terminal_text import printable, printable_line
+from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
 

@@ -18,9 +18,10 @@ from textual.widgets.text_area import (Document, DocumentNavigator, EditResult, 
                                        WrappedDocument)
 
 from chatapp.events import TokenSource
+from chatapp.chat import ChatEntry, Turn
 from chatapp.stats import TurnStats
+from chatapp.terminal_text import Printable, printable, visible
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
-from chatapp.tui.turn import Turn
 
 TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
 
@@ -30,51 +31,6 @@ TOKEN_MEANINGS = {
     TokenSource.BONUS: "a free extra token after the target accepted every draft",
     TokenSource.TARGET: "decoded by the target alone (K = 0)",
 }
-
-
-# -- text on the screen -----------------------------------------------------------------------
-#
-# Messages hold exactly what was typed or generated; what goes on the screen must never be
-# something the terminal acts on (an escape sequence that recolours, clears or retitles it, a bell,
-# a NUL). C0 controls other than tab and the line breaks, DEL and the C1 controls are shown as
-# visible symbols instead, one for one (so that positions in the text and on the screen agree).
-# Line and paragraph separators, which terminals do not agree on, are shown as symbols too.
-
-_SHOWN = str.maketrans({
-    **{code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x0A, 0x0D)},  # ␀ ␇ ␛
-    0x7F: 0x2421,  # ␡
-    **{code: 0xFFFD for code in range(0x80, 0xA0)},  # C1 controls (0x9B is an 8-bit CSI)
-    0x2028: 0x21B5,  # line separator: ↵
-    0x2029: 0x00B6,  # paragraph separator: ¶
-})
-
-
-class Printable:
-    """Turns text into text that is safe to show on a terminal, piece by piece: controls become
-    visible symbols, CR LF and a lone CR become a line break (as in the message box). A CR at the
-    end of one piece and an LF at the start of the next are one line break, as if the text had
-    come at once."""
-
-    def __init__(self) -> None:
-        self.after_cr = False
-
-    def __call__(self, text: str) -> str:
-        if self.after_cr and text.startswith("\n"):
-            text = text[1:]
-        self.after_cr = text.endswith("\r")
-        if "\r" in text:
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-        return text.translate(_SHOWN)
-
-
-def printable(text: str) -> str:
-    """``text`` as it may be shown on a terminal (see ``Printable``)."""
-    return Printable()(text)
-
-
-def printable_line(text: str) -> str:
-    """``printable(text)`` on one line, runs of whitespace as one space (titles, list entries)."""
-    return " ".join(printable(text).split())
 
 
 class TokenText(Widget):
@@ -256,7 +212,7 @@ class ChatInput(TextArea):
 
     def get_line(self, line_index: int) -> Text:
         line = super().get_line(line_index)
-        shown = self.document.get_line(line_index).translate(_SHOWN)  # one symbol per character
+        shown = visible(self.document.get_line(line_index))  # one symbol per character
         if shown != line.plain:
             line = Text(shown, end=line.end, no_wrap=line.no_wrap)
         return line
@@ -273,7 +229,9 @@ class ChatInput(TextArea):
 
 
 class MessageView(Vertical):
-    """One message of the conversation. Assistant messages carry their tokens and statistics."""
+    """One message of the chat. Assistant messages carry their tokens and statistics. ``entry``:
+    the conversation's record of the message (None until a streaming reply is done); ``turn``:
+    the reply streaming into it (None once done)."""
 
     class Selected(Message):
         def __init__(self, view: "MessageView") -> None:
@@ -283,7 +241,7 @@ class MessageView(Vertical):
     def __init__(self, role: str, content: str = "", *,
                  pieces: Sequence[tuple[str, TokenSource]] | None = None,
                  stats: TurnStats | None = None, k_label: str = "",
-                 finish_reason: str | None = None, message_id: int | None = None,
+                 finish_reason: str | None = None, entry: ChatEntry | None = None,
                  highlight: bool = True, turn: Turn | None = None,
                  target_rpc: Sequence[str] = ()) -> None:
         super().__init__(classes=f"-{role}")
@@ -293,7 +251,7 @@ class MessageView(Vertical):
         self.k_label = k_label
         self.target_rpc = tuple(target_rpc)  # where the target ran: RPC servers, or () here
         self.finish_reason = finish_reason
-        self.message_id = message_id
+        self.entry = entry
         self.turn = turn
         self.highlight = highlight
         self._initial_pieces = list(pieces) if pieces is not None else (
@@ -304,6 +262,13 @@ class MessageView(Vertical):
         self._markdown_shown = Printable()
         self._markdown_starting = False
         self._set_state_classes()
+
+    @classmethod
+    def of(cls, entry: ChatEntry, highlight: bool) -> "MessageView":
+        """The view of a message of the conversation."""
+        return cls(entry.role, entry.content, pieces=entry.pieces, stats=entry.stats,
+                   k_label=entry.k_label, finish_reason=entry.finish_reason, entry=entry,
+                   highlight=highlight, target_rpc=entry.target_rpc)
 
     def compose(self):
         yield self.header
@@ -373,10 +338,13 @@ class MessageView(Vertical):
         self.header.update(self._header_text())
         self._set_state_classes()
 
-    def finish(self, finish_reason: str, stats: TurnStats | None) -> None:
-        self.finish_reason = finish_reason
+    def finish(self, entry: ChatEntry) -> None:
+        """The reply is done: show ``entry``, the conversation's record of it."""
+        self.entry = entry
+        self.k_label = entry.k_label
+        self.finish_reason = entry.finish_reason
         self.turn = None
-        self.update_header(stats)
+        self.update_header(entry.stats)
 
     def _set_state_classes(self) -> None:
         self.set_class(self.finish_reason == "cancelled", "-stopped")
@@ -413,8 +381,9 @@ class Note(Static):
         super().__init__(Text(printable(text)), classes=f"note -{kind}", id=id)
 
 
-class Conversation(VerticalScroll, can_focus=True):
-    """The messages. Focus it (Tab) and use up/down to select one; the stats panel follows."""
+class MessageList(VerticalScroll, can_focus=True):
+    """The messages. Focus it (Tab) and use up/down to select one; the stats panel follows. The
+    keys on a message (copy, edit, replay) are the app's actions on the selected message."""
 
     BINDINGS = [
         Binding("up,k", "select(-1)", "Previous message", show=False),
@@ -423,6 +392,10 @@ class Conversation(VerticalScroll, can_focus=True):
         Binding("end", "select_edge(-1)", "Last message", show=False),
         Binding("enter,escape", "back_to_input", "Back to the message box", show=False),
         Binding("question_mark", "app.help", "Help", show=False),
+        Binding("c", "app.copy_message", "Copy"),
+        Binding("b", "app.copy_code", "Copy code"),
+        Binding("e", "app.edit_message", "Edit"),
+        Binding("z", "app.replay", "Replay K0"),
     ]
 
     selected: reactive[MessageView | None] = reactive(None, init=False)

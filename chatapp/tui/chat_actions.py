@@ -32,7 +32,7 @@ def last_code_block(text: str) -> tuple[str, str] | None:
 
 
 class ChatActionsMixin:
-    """Regenerate (F6, F7), replay at K 0 (F8, z), edit (e), copy (c, b)."""
+    """Regenerate (F6, shift+F6), replay at K 0 (F8, z), edit (e), copy (c, b)."""
 
     def action_regenerate(self, new_seed: bool = False) -> None:
         turn = self.start_turn(lambda: self.chat.regenerate(new_seed))

@@ -25,7 +25,7 @@ BINDINGS = [
     Binding("ctrl+n", "new_chat", "New"),
     Binding("ctrl+o,f5", "chats", "Chats"),
     Binding("f6", "regenerate", "Regen", show=False),
-    Binding("f7", "regenerate(True)", "Regen new seed", show=False),
+    Binding("f18", "regenerate(True)", "Regen new seed", key_display="⇧F6", show=False),
     Binding("f8", "replay", "Replay K0", show=False),
     Binding("f9", "export", "Export", show=False),
     Binding("ctrl+r", "reload", "Reload models", show=False),
@@ -94,7 +94,7 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
         ("Chats", "Open, delete or export saved chats (ctrl+o)", app.action_chats),
         ("Settings", "Sampling, draft length, system prompt, models (F4)", app.action_settings),
         ("Regenerate reply", "The last reply again, same settings (F6)", app.action_regenerate),
-        ("Regenerate with a new seed", "The last reply again from a fresh random seed (F7)",
+        ("Regenerate with a new seed", "The last reply again from a fresh random seed (shift+F6)",
          lambda: app.action_regenerate(True)),
         ("Replay at K = 0", "Decode the selected or last reply with the target alone: its real "
          "speedup (F8)", app.action_replay),

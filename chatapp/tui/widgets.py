@@ -176,7 +176,9 @@ class ChatInput(TextArea):
     was typed or pasted exactly (line breaks as LF, see ``ChatDocument``) and shows control
     characters as symbols."""
 
-    BINDINGS = [Binding("ctrl+j,shift+enter", "newline", "New line", show=False)]
+    # F6 is the app's regenerate, not the text area's "select line".
+    BINDINGS = [Binding("ctrl+j,shift+enter", "newline", "New line", show=False),
+                Binding("f6", "app.regenerate", "Regenerate", show=False)]
 
     class Submitted(Message):
         def __init__(self, text: str) -> None:

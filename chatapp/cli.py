@@ -279,7 +279,8 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
     from chatapp.backends.rpc import rpc_label
-    from chatapp.chat import Conversation, PlanEvent
+    from chatapp.chat import Conversation
+    from chatapp.turns import PlanEvent
     from chatapp.events import DoneEvent, TokenEvent
     from chatapp.loader import build_session
     from chatapp.stats import format_summary

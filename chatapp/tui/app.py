@@ -23,7 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
 from chatapp.backends.rpc import rpc_label
-from chatapp.chat import ChatEntry, Conversation
+from chatapp.chat import Conversation
 from chatapp.config import Config
 from chatapp.history import HistoryError, HistoryStore
 from chatapp.loader import LoadProgress as ProgressCallback
@@ -38,6 +38,7 @@ from chatapp.tui.shutdown import ShutdownMixin
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.widgets import (ChatInput, Legend, MessageList, MessageView, Note, StatsPanel,
                                  StatusBar)
+from chatapp.turns import ChatEntry
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from chatapp.chat import PlanEvent, Piece, ReplayJob, Turn
 from chatapp.events import StepEvent
 from chatapp.session import ChatSession
 from chatapp.stats import ReplayStats, TurnStats
+from chatapp.turns import PlanEvent, Piece, ReplayJob, Turn
 
 
 class LoadProgress(Message):

@@ -14,12 +14,12 @@ from typing import Any
 from textual import work
 from textual.worker import get_current_worker
 
-from chatapp.chat import ChatEntry, PlanEvent, Turn
 from chatapp.errors import UserFacingError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyStep
 from chatapp.tui.widgets import ChatInput, MessageView, Note
+from chatapp.turns import ChatEntry, PlanEvent, Turn
 
 
 class RepliesMixin:

@@ -18,10 +18,10 @@ from textual.widgets.text_area import (Document, DocumentNavigator, EditResult, 
                                        WrappedDocument)
 
 from chatapp.events import TokenSource
-from chatapp.chat import ChatEntry, Turn
 from chatapp.stats import TurnStats
 from chatapp.terminal_text import Printable, printable, visible
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
+from chatapp.turns import ChatEntry, Turn
 
 TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
 

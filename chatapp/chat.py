@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH, AutoDraftLength, DraftPolicy, FixedDraftLength
 from chatapp.engine import ContextOverflowError

@@ -69,7 +69,7 @@ async def test_shift_f6_regenerates_with_a_new_seed_saved_with_the_reply(tui_mak
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await chat_once(pilot, "tell me")
-        await keys(pilot, "f18")  # shift+F6
+        await keys(pilot, "shift+f6")
         await wait_for(pilot, lambda: len(app.chat.session.turns) == 2 and app.chat.turn is None,
                        what="the regenerated reply")
         await pilot.pause()
@@ -136,6 +136,7 @@ async def test_editing_a_past_message_replaces_later_turns_and_keeps_the_old_cha
         before = [(m.role, m.content) for m in stored(app)]
         await keys(pilot, "tab", "home", "e")  # the first message, edited
         assert app.chat_input.text == "first" and app.editing is not None
+        assert app.chat_input.cursor_location == (0, len("first"))  # ready to type on
         assert "editing" in str(app.query_one("#status").render())
         app.chat_input.text = "first, edited"
         await keys(pilot, "enter")
@@ -201,6 +202,7 @@ def test_last_code_block_finds_the_last_fenced_block() -> None:
     assert last_code_block(CODE_REPLY) == ("sh", "echo two\nls")
     assert last_code_block("```\nx = 1\n```") == ("", "x = 1")
     assert last_code_block("no code, just `inline`") is None
+    assert last_code_block("cut short:\n```py\ndef f():\n    return") == ("py", "def f():\n    return")
 
 
 async def test_the_features_are_in_the_help_and_the_palette(tui_make_app):

@@ -17,13 +17,15 @@ from chatapp.tui.messages import ReplayDone
 from chatapp.tui.widgets import MessageView
 from chatapp.turns import ChatEntry, ReplayJob
 
-# A fenced Markdown code block: ``` or ~~~, an optional language, the code, the same fence.
-CODE_BLOCK = re.compile(r"^ *(```|~~~)[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^ *\1[ \t]*$",
+# A fenced Markdown code block: ``` or ~~~, an optional language, the code, the same fence
+# (or the end of the text: a reply stopped or cut at max tokens leaves its last block open).
+CODE_BLOCK = re.compile(r"^ *(```|~~~)[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^ *\1[ \t]*$|\Z)",
                         re.MULTILINE | re.DOTALL)
 
 
 def last_code_block(text: str) -> tuple[str, str] | None:
-    """The last fenced code block of ``text`` as (language or "", code), or None if none."""
+    """The last fenced code block of ``text`` as (language or "", code), or None if none; a
+    block the text ends in before its closing fence counts."""
     blocks = CODE_BLOCK.findall(text)
     if not blocks:
         return None
@@ -92,7 +94,7 @@ class ChatActionsMixin:
         if self.editing is None:
             self._text_before_edit = self.chat_input.text
         self.editing = entry
-        self.chat_input.text = entry.content
+        self.chat_input.show_text(entry.content)
         self.chat_input.focus()
         self.notify("Editing your message: Enter resends it and replaces the later turns; "
                     "Esc cancels.", timeout=6)

@@ -25,7 +25,7 @@ BINDINGS = [
     Binding("ctrl+n", "new_chat", "New"),
     Binding("ctrl+o,f5", "chats", "Chats"),
     Binding("f6", "regenerate", "Regen", show=False),
-    Binding("f18", "regenerate(True)", "Regen new seed", key_display="⇧F6", show=False),
+    Binding("shift+f6", "regenerate(True)", "Regen new seed", show=False),
     Binding("f8", "replay", "Replay K0", show=False),
     Binding("f9", "export", "Export", show=False),
     Binding("ctrl+r", "reload", "Reload models", show=False),

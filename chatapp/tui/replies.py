@@ -224,7 +224,7 @@ class RepliesMixin:
             self._unqueue_pending()
         elif self.editing is not None:
             self.editing = None
-            self.chat_input.text = self._text_before_edit
+            self.chat_input.show_text(self._text_before_edit)
             self.notify("Edit cancelled.", timeout=3)
         self.update_status()
         self.refresh_bindings()

@@ -29,8 +29,7 @@ HelpSection = tuple[str, Sequence[tuple[str, str]]]
 def key_label(keys: str) -> str:
     """'ctrl+up,alt+up' -> 'ctrl+↑ / alt+↑'."""
     names = {"up": "↑", "down": "↓", "left": "←", "right": "→", "escape": "Esc",
-             "enter": "Enter", "tab": "Tab", "home": "Home", "end": "End", "delete": "Del",
-             "f18": "shift+F6"}  # terminals send shift+F6 as F18
+             "enter": "Enter", "tab": "Tab", "home": "Home", "end": "End", "delete": "Del"}
     shown = []
     for key in keys.split(","):
         parts = key.strip().split("+")

@@ -226,7 +226,11 @@ class ChatInput(TextArea):
     def restore(self, text: str) -> None:
         """Give back text that could not be sent, keeping anything typed since."""
         current = self.text
-        self.text = text if not current.strip() else f"{text}\n{current}"
+        self.show_text(text if not current.strip() else f"{text}\n{current}")
+
+    def show_text(self, text: str) -> None:
+        """Replace the box's text with ``text``, the cursor at its end (ready to type on)."""
+        self.text = text
         self.move_cursor(self.document.end)
 
 

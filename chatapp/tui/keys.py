@@ -35,7 +35,7 @@ BINDINGS = [
 # Longer descriptions for the help screen than the footer has room for.
 HELP_TEXT = {
     "help": "Help: this list of keys",
-    "stop": "Stop the reply (kept, marked stopped) or the replay; cancel an edit",
+    "stop": "Stop the reply (kept as stopped) or the replay; cancel an edit",
     "draft_length(1)": "Draft length K + 1 (works mid-reply, from the next step)",
     "draft_length(-1)": "Draft length K - 1 (K 0: the target alone, the speedup baseline)",
     "toggle_stats": "Stats panel: the live, selected or latest turn",

@@ -236,7 +236,7 @@ def test_the_message_box_document_edits_like_textuals_for_lf_text():
 
     from textual.widgets.text_area import Document
 
-    from chatapp.tui.widgets import ChatDocument
+    from chatapp.tui.chat_input import ChatDocument
 
     rng = random.Random(4)
     alphabet = ["a", "b", " ", "\n", "é", "中", "😀", "\t", "\n\n", "xyz"]

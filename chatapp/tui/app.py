@@ -30,14 +30,14 @@ from chatapp.loader import LoadProgress as ProgressCallback
 from chatapp.loader import build_session
 from chatapp.session import ChatSession
 from chatapp.tui.chat_actions import ChatActionsMixin
+from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import LoadingMixin
 from chatapp.tui.replies import RepliesMixin
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import ShutdownMixin
 from chatapp.tui.stats_view import TurnInfo
-from chatapp.tui.widgets import (ChatInput, Legend, MessageList, MessageView, Note, StatsPanel,
-                                 StatusBar)
+from chatapp.tui.widgets import Legend, MessageList, MessageView, Note, StatsPanel, StatusBar
 from chatapp.turns import ChatEntry
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]

@@ -16,9 +16,10 @@ from textual.worker import get_current_worker
 
 from chatapp.errors import UserFacingError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyStep
-from chatapp.tui.widgets import ChatInput, MessageView, Note
+from chatapp.tui.widgets import MessageView, Note
 from chatapp.turns import ChatEntry, PlanEvent, Turn
 
 

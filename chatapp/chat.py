@@ -31,7 +31,9 @@ import numpy as np
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, AutoDraftLength, DraftPolicy, FixedDraftLength
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import (MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength,
+                                  SwitchablePolicy)
 from chatapp.engine import ContextOverflowError
 from chatapp.errors import UserFacingError
 from chatapp.events import DoneEvent
@@ -41,7 +43,6 @@ from chatapp.policy_memory import memory_path, recall, remember
 from chatapp.session import ChatSession, fallback_template_note
 from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.terminal_text import printable_line
-from chatapp.tui.policy import SwitchablePolicy
 from chatapp.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 
 # Fields whose change needs the models loaded again.
@@ -99,7 +100,7 @@ class Conversation:
 
     @property
     def has_drafter(self) -> bool:
-        return self.session is not None and self.session.engine.drafter is not None
+        return self.session is not None and self.session.engine.drafter_name is not None
 
     @property
     def busy(self) -> bool:
@@ -145,21 +146,16 @@ class Conversation:
         self._policy_from_config = self.session is None
 
     def _configured_policy(self, config: Config) -> DraftPolicy:
-        """``make_policy`` for the loaded drafter (if any); an auto policy starts from what the
-        last run on this machine and pair measured (``chatapp.policy_memory``)."""
-        drafter = self.session.engine.drafter if self.session is not None else None
-        policy = make_policy(config, drafter)
+        """``make_policy``; once the models are loaded, an auto policy starts from what the last
+        run on this machine and pair measured (``chatapp.policy_memory``)."""
+        policy = make_policy(config)
         if isinstance(policy, AutoDraftLength) and self.session is not None:
             recall(policy, memory_path(config))
         return policy
 
     def _policy_changed(self) -> None:
-        """A policy stops advising the drafter once it is replaced (a fixed K gives no advice)."""
+        """The policy in force no longer follows the configuration."""
         self._policy_from_config = False
-        drafter = self.session.engine.drafter if self.session is not None else None
-        set_advisor = getattr(drafter, "set_advisor", None)
-        if callable(set_advisor):
-            set_advisor(None)
 
     def _remember_policy(self) -> None:
         if isinstance(self.policy.inner, AutoDraftLength):
@@ -274,7 +270,7 @@ class Conversation:
         note = ""
         if plan.fallback_template and not self._told_fallback_template:
             self._told_fallback_template = True  # once per loaded model
-            note = fallback_template_note(session.engine.target.name)
+            note = fallback_template_note(session.engine.target_name)
         yield PlanEvent(len(plan.tokens), plan.dropped_messages, note)
         yield from events
 

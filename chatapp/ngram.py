@@ -1,5 +1,4 @@
-"""Drafters besides the plain draft model: prompt lookup (n-gram), n-gram then model, and a model
-drafter that only touches the draft model when it is asked to draft.
+"""Drafters besides the plain draft model: prompt lookup (n-gram), and n-gram then model.
 
 ``NgramDrafter`` (prompt-lookup decoding): the continuation of the most recent earlier occurrence
 of the longest suffix of the context (n-gram sizes ``min_n..max_n``, longest first). It costs no
@@ -11,55 +10,31 @@ not an extension of what it has seen (a new conversation, an edited one).
 
 Because its proposals cost nothing, it can also tell how they would have fared: it replays
 "speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
-reports each would-be step to an ``AutoDraftLength`` (``observe_shadow``), even while the policy
-is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
+returns each would-be step as a ``ShadowScore`` with its next proposal, which the engine passes to
+the policy, even while the policy is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
 one-hot proposal (the target emitted x with probability p(x), which is the acceptance probability),
 so the policy learns the true acceptance rate at K = 0 and switches back on as soon as the text
 starts repeating (code being edited, a quoted passage).
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram proposal when there is a match, else the draft
-model. With an ``AutoDraftLength`` as advisor each source has its own acceptance and cost
-statistics, so on a machine where the draft model does not pay the policy turns the model off and
-keeps the n-gram.
-
-``DeferredModelDrafter``: a ``ModelDrafter`` whose ``prefill`` evaluates nothing; the draft model
-catches up on the first proposal (``evaluate_sequence`` feeds whatever it lacks in one batch).
-When the policy decides not to draft, the draft model never evaluates the prompt at all. Its
-cache still never holds tokens that are not in the conversation: ``prefill`` drops whatever the
-new context no longer shares (a new chat, an edited message).
+model. Each source reports its own name, so the policy keeps acceptance and cost statistics per
+source and, on a machine where the draft model does not pay, gives it a budget of 0 while keeping
+the n-gram.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from chatapp.drafting import ModelDrafter, Proposal, rollback_to_prefix
+from chatapp.drafting import (MODEL_SOURCE, DraftBudget, ModelDrafter, Proposal, ShadowScore,
+                              one_hot_rows)
 from chatapp.sampling import SamplingParams
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
-MODEL_KIND = "model"
-
-
-class Advisor(Protocol):
-    """What drafters use of ``chatapp.draft_policy.AutoDraftLength``."""
-
-    def advising(self) -> bool: ...
-
-    def k_for(self, kind: str, k: int) -> int: ...
-
-    def observe_shadow(self, kind: str, proposed: int, matched: int) -> None: ...
-
-
-def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
-    """(len(tokens), vocab_size) float64, row i one-hot on tokens[i]."""
-    rows = np.zeros((len(tokens), vocab_size), dtype=np.float64)
-    if len(tokens):
-        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.intp)] = 1.0
-    return rows
 
 
 class NgramIndex:
@@ -129,13 +104,11 @@ class NgramDrafter:
     """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
-                 advisor: Advisor | None = None, kind: str = NGRAM_KIND,
-                 kind_by_context: bool = True) -> None:
+                 kind: str = NGRAM_KIND, kind_by_context: bool = True) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
         self.lookahead = lookahead
-        self.advisor = advisor
         self.kind = kind
         self.kind_by_context = kind_by_context
         self._index = NgramIndex(min_n, max_n)
@@ -144,28 +117,35 @@ class NgramDrafter:
         self._shadow: list[int] = []  # its pending proposal, made at _shadow_at
         self._shadow_kind = kind
         self._streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
+        self._scores: list[ShadowScore] = []  # settled since the last proposal
 
     @property
     def name(self) -> str:
         return "ngram"
 
-    def set_advisor(self, advisor: Advisor | None) -> None:
-        self.advisor = advisor
-
     def prefill(self, context: Sequence[int]) -> None:
-        self.sync(context, report=False)
+        self.sync(context, score=False)
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the index holds emitted tokens only, never drafts."""
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        """Nothing to free: no model."""
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        advisor = self._active_advisor()
-        self.sync(context, report=advisor is not None)
-        tokens, kind = self.search(k)
-        if tokens and advisor is not None:
-            tokens = tokens[:advisor.k_for(kind, len(tokens))]
-        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size))
+        self.sync(context, score=True)
+        tokens, kind = self.search(budget.most)
+        return self.proposal(tokens[:budget.for_source(kind)], kind)
+
+    def proposal(self, tokens: list[int], kind: str) -> Proposal:
+        """``tokens`` (from ``search``) as a one-hot proposal of ``kind``, with the shadow scores
+        settled since the last proposal."""
+        scores = tuple(self._scores)
+        self._scores.clear()
+        if not tokens:
+            return Proposal.empty(self.vocab_size, scores)
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind, scores)
 
     def search(self, k: int) -> tuple[list[int], str]:
         """Up to ``k`` tokens continuing the context of the last ``sync``, and their kind.
@@ -185,9 +165,10 @@ class NgramDrafter:
             return self.kind
         return f"{self.kind}-{'long' if n >= LONG_MATCH else 'short'}-{self._streak}"
 
-    def sync(self, context: Sequence[int], report: bool) -> None:
+    def sync(self, context: Sequence[int], score: bool) -> None:
         """Index the tokens of ``context`` not seen yet (rebuild if it is not an extension);
-        with ``report``, tell the advisor how replayed n-gram speculation fared on them."""
+        with ``score``, replay n-gram speculation over them and keep how it would have fared for
+        the next proposal's ``scores``."""
         index = self._index
         known = len(index)
         extends = len(context) >= known and (
@@ -198,20 +179,19 @@ class NgramDrafter:
             self._shadow_at, self._shadow = 0, []
             known = 0
         self._seen = context
-        advisor = self.advisor if report else None
         for position in range(known, len(context)):
-            if advisor is not None and position == self._shadow_at and not self._shadow:
+            if score and position == self._shadow_at and not self._shadow:
                 self._shadow, n = index.search(self.lookahead)
                 self._shadow_kind = self._kind(n)
                 if not self._shadow:
                     self._shadow_at += 1  # no match: that step would have been plain
             index.append(context[position])
-            if advisor is not None and self._shadow:
-                self._settle_shadow(advisor)
-        if not report:  # nothing replayed: start replaying from here next time
+            if score and self._shadow:
+                self._settle_shadow()
+        if not score:  # nothing replayed: start replaying from here next time
             self._shadow_at, self._shadow = len(index), []
 
-    def _settle_shadow(self, advisor: Advisor) -> None:
+    def _settle_shadow(self) -> None:
         """Score the pending would-be proposal as far as the emitted tokens allow."""
         tokens, start, proposal = self._index.tokens, self._shadow_at, self._shadow
         known = len(tokens) - start
@@ -220,44 +200,28 @@ class NgramDrafter:
             matched += 1
         if matched < len(proposal) and matched == known:
             return  # every emitted token so far matched; wait for more
-        advisor.observe_shadow(self._shadow_kind, len(proposal), matched)
+        self._scores.append(ShadowScore(self._shadow_kind, len(proposal), matched))
         self._streak = "hot" if matched == len(proposal) else ("warm" if matched else "cold")
         self._shadow_at = start + matched + 1  # the target's own token follows the accepted ones
         self._shadow = []
-
-    def _active_advisor(self) -> Advisor | None:
-        advisor = self.advisor
-        return advisor if advisor is not None and advisor.advising() else None
 
 
 class NgramModelDrafter:
     """"ngram+model": the n-gram proposal when there is one, else the draft model.
 
-    With ``fill``, an n-gram proposal shorter than ``k`` is topped up by the model, drafting after
-    the n-gram tokens. With an advisor, each source gets the K the advisor gives it (``k_for``),
-    which may be 0; the model is used when the n-gram proposes nothing.
+    Each source drafts within its own budget, which may be 0; the model drafts when the n-gram
+    proposes nothing. With ``fill``, an n-gram proposal shorter than the largest budget is topped
+    up by the model, drafting after the n-gram tokens.
     """
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False,
-                 advisor: Advisor | None = None) -> None:
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False) -> None:
         self.ngram = ngram
         self.model = model
         self.fill = fill
-        self.advisor = advisor
-        ngram.set_advisor(advisor)
 
     @property
     def name(self) -> str:
         return f"ngram+{self.model.name}"
-
-    @property
-    def backend(self) -> Any:
-        """The draft model's backend (the one with weights to free)."""
-        return self.model.backend
-
-    def set_advisor(self, advisor: Advisor | None) -> None:
-        self.advisor = advisor
-        self.ngram.set_advisor(advisor)
 
     def prefill(self, context: Sequence[int]) -> None:
         self.ngram.prefill(context)
@@ -266,28 +230,25 @@ class NgramModelDrafter:
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.model.rollback(context, verified)
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        self.model.close()
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        advisor = self.advisor if self.advisor is not None and self.advisor.advising() else None
-        self.ngram.sync(context, report=advisor is not None)
-        tokens, kind = self.ngram.search(k)
-        if tokens and advisor is not None:
-            tokens = tokens[:advisor.k_for(kind, len(tokens))]
-        if tokens:
-            probs = one_hot_rows(tokens, self.ngram.vocab_size)
-            if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
-                return Proposal(tokens, probs)
-            more = self.model.propose(list(context) + tokens, k - len(tokens), params, rng)
-            return Proposal(tokens + more.tokens, np.concatenate([probs, more.probs]))
-        m = advisor.k_for(MODEL_KIND, k) if advisor is not None else k
-        if m <= 0:
-            return Proposal.empty(self.ngram.vocab_size)
-        return self.model.propose(context, m, params, rng)
+        self.ngram.sync(context, score=True)
+        found, kind = self.ngram.search(budget.most)
+        proposal = self.ngram.proposal(found[:budget.for_source(kind)], kind)
+        if proposal.tokens:
+            return self._filled(context, proposal, budget.most, params, rng)
+        drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
+        return Proposal(drafted.tokens, drafted.probs, drafted.source, proposal.scores)
 
-
-class DeferredModelDrafter(ModelDrafter):
-    """A ``ModelDrafter`` that leaves the draft model alone until it is asked to draft."""
-
-    def prefill(self, context: Sequence[int]) -> None:
-        """Drop cached tokens ``context`` does not share; ``propose`` feeds the rest when needed."""
-        rollback_to_prefix(self.backend, context)
+    def _filled(self, context: Sequence[int], proposal: Proposal, k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """With ``fill``, ``proposal`` topped up to ``k`` tokens by the model."""
+        tokens = proposal.tokens
+        if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
+            return proposal
+        more = self.model.draft(list(context) + tokens, k - len(tokens), params, rng)
+        return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
+                        proposal.source, proposal.scores)

@@ -63,16 +63,10 @@ class ChatSession:
 
     def close(self) -> None:
         """Release both models; best effort (the process may be exiting)."""
-        engine = self.engine
-        drafter = engine.drafter
-        model_drafter = getattr(drafter, "model", drafter)  # ngram+model wraps the model drafter
-        for backend in (engine.target, getattr(model_drafter, "backend", None)):
-            close = getattr(backend, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:
-                    pass
+        try:
+            self.engine.close()
+        except Exception:
+            pass
 
     def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
         """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.

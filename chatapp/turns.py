@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatapp.backends.base import ChatMessage
-from chatapp.events import Event, StepEvent, TokenSource
+from chatapp.events import Event, PromptEvent, StepEvent, TokenSource
 from chatapp.history import StoredMessage
 from chatapp.stats import ReplayStats, StatsRecorder, TurnStats
 
@@ -94,6 +94,10 @@ class Turn:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    def add_prompt(self, prompt: PromptEvent) -> None:
+        """The engine's report of the prompt's evaluation: the live statistics show it."""
+        self.recorder.prompt_s = prompt.seconds
 
     def add_step(self, pieces: list[Piece], step: StepEvent | None, now: float) -> None:
         """The tokens of one step (``step`` None: the last tokens before the end)."""

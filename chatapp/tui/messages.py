@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from chatapp.events import StepEvent
+from chatapp.events import PromptEvent, StepEvent
 from chatapp.session import ChatSession
 from chatapp.stats import ReplayStats, TurnStats
 from chatapp.turns import PlanEvent, Piece, ReplayJob, Turn
@@ -36,6 +36,15 @@ class ReplyPlanned(Message):
         super().__init__()
         self.turn = turn
         self.plan = plan
+
+
+class ReplyPrompt(Message):
+    """The engine evaluated the reply's prompt."""
+
+    def __init__(self, turn: Turn, prompt: PromptEvent) -> None:
+        super().__init__()
+        self.turn = turn
+        self.prompt = prompt
 
 
 class ReplyStep(Message):

@@ -15,10 +15,10 @@ from textual import work
 from textual.worker import get_current_worker
 
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.events import DoneEvent, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
-from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyStep
+from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyPrompt, ReplyStep
 from chatapp.tui.widgets import MessageView, Note
 from chatapp.turns import ChatEntry, PlanEvent, Turn
 
@@ -130,6 +130,8 @@ class RepliesMixin:
                     turn.cancel.set()
                 if isinstance(event, PlanEvent):
                     self.post_message(ReplyPlanned(turn, event))
+                elif isinstance(event, PromptEvent):
+                    self.post_message(ReplyPrompt(turn, event))
                 elif isinstance(event, TokenEvent):
                     pieces.append((event.text, event.source))
                 elif isinstance(event, StepEvent):
@@ -161,6 +163,9 @@ class RepliesMixin:
                 f"model's window ({self.chat.config.n_ctx} tokens).", "warning"), before=view)
         if plan.note:
             self.message_list.mount(Note(plan.note, "warning"), before=view)
+
+    def on_reply_prompt(self, message: ReplyPrompt) -> None:
+        message.turn.add_prompt(message.prompt)
 
     def on_reply_step(self, message: ReplyStep) -> None:
         turn = message.turn

@@ -47,6 +47,10 @@ class RepliesMixin:
             self.notify("The models are not loaded: ctrl+r tries again, F4 changes them.",
                         severity="error")
             return
+        if chat.session is None and self.editing is not None:
+            self.notify("The models are loading: press Enter again once they are ready.",
+                        severity="warning")
+            return
         self.chat_input.clear()
         if chat.session is None:
             self._queue(text)
@@ -54,7 +58,8 @@ class RepliesMixin:
         edited, self.editing = self.editing, None
         make = (lambda: self._resend_edited(edited, text)) if edited else (
             lambda: chat.begin(text))
-        if self.start_turn(make) is None:
+        if self.start_turn(make) is None:  # refused: the text and the edit stay
+            self.editing = edited
             self.chat_input.restore(text)
 
     def _queue(self, text: str) -> None:

@@ -127,6 +127,19 @@ async def test_escape_stops_a_replay_and_nothing_is_stored(tui_make_app):
         assert "replay" not in stored(app)[1].meta and await told(pilot, "Replay stopped")
 
 
+async def test_a_message_sent_during_a_replay_waits_in_the_box(tui_make_app):
+    app = tui_make_app(tui_fake_factory(max_tokens=60, delay_s=0.05))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await chat_once(pilot, "tell me")
+        await keys(pilot, "f8")
+        await send(pilot, "next question")
+        assert await told(pilot, "replay at K = 0 is running")
+        assert app.chat_input.text == "next question" and len(app.chat.session.turns) == 1
+        await keys(pilot, "escape")
+        await wait_for(pilot, lambda: app.chat.replaying is None, timeout=20, what="the stop")
+
+
 async def test_editing_a_past_message_replaces_later_turns_and_keeps_the_old_chat(tui_make_app):
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:

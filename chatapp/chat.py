@@ -73,7 +73,8 @@ class Conversation:
         self.clock = clock
         self.session: ChatSession | None = None
         self.policy = SwitchablePolicy(make_policy(config))
-        self._policy_from_config = True  # replaced by one that knows the drafter once loaded
+        self._policy_from_config = True  # False once the user picked K another way
+        self._attached = False  # a pair of models was attached before
         self.chat_id: int | None = None
         self.entries: list[ChatEntry] = []
         self.turn: Turn | None = None  # the reply being made, in this chat or an earlier one
@@ -88,7 +89,10 @@ class Conversation:
         """Chat with ``session``'s models from now on."""
         self.session = session
         if self._policy_from_config:
-            self.policy.replace(self._configured_policy(self.config))
+            if self._attached:  # another pair: learnt afresh, or recalled
+                self.policy.replace(make_policy(self.config))
+            self._recall(self.policy.inner, self.config)
+        self._attached = True
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
 
@@ -149,9 +153,15 @@ class Conversation:
         """``make_policy``; once the models are loaded, an auto policy starts from what the last
         run on this machine and pair measured (``chatapp.policy_memory``)."""
         policy = make_policy(config)
-        if isinstance(policy, AutoDraftLength) and self.session is not None:
-            recall(policy, memory_path(config))
+        if self.session is not None:
+            self._recall(policy, config)
         return policy
+
+    @staticmethod
+    def _recall(policy: DraftPolicy, config: Config) -> None:
+        """An auto policy starts from what the last run with ``config``'s pair measured."""
+        if isinstance(policy, AutoDraftLength):
+            recall(policy, memory_path(config))
 
     def _policy_changed(self) -> None:
         """The policy in force no longer follows the configuration."""

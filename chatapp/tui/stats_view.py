@@ -104,7 +104,7 @@ def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | 
         line("Prompt", f"{stats.prompt_tokens} tok",
              f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
     if info.replay is not None:
-        line("Speedup", f"{info.replay.speedup:.2f}×", "this reply replayed at K 0 (measured)")
+        line("Speedup", f"{info.replay.speedup:.2f}×", "replayed at K 0")
         text.append(info.replay.summary() + "\n", style["muted"])
     elif is_target_only(stats):
         line("Speedup", "1.00×", "this turn is the target-only baseline")

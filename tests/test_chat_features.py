@@ -114,30 +114,39 @@ async def test_f8_replays_the_reply_at_k0_and_keeps_the_speedup(tui_make_app):
         assert await told(pilot, "plain replay:")
 
 
+SLOW = dict(max_tokens=60, delay_s=0.05)  # a replay that lasts long enough to act during it
+
+
+async def replaying(pilot) -> None:
+    """A reply, then its replay at K 0 started."""
+    await ready(pilot)
+    await chat_once(pilot, "tell me")
+    await keys(pilot, "f8")
+    assert pilot.app.chat.replaying is not None
+
+
+async def stop_replay(pilot) -> None:
+    await keys(pilot, "escape")
+    await wait_for(pilot, lambda: pilot.app.chat.replaying is None, timeout=20, what="the stop")
+
+
 async def test_escape_stops_a_replay_and_nothing_is_stored(tui_make_app):
-    app = tui_make_app(tui_fake_factory(max_tokens=60, delay_s=0.05))
+    app = tui_make_app(tui_fake_factory(**SLOW))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await chat_once(pilot, "tell me")
-        await keys(pilot, "f8")
-        assert app.chat.replaying is not None
-        await keys(pilot, "escape")
-        await wait_for(pilot, lambda: app.chat.replaying is None, timeout=20, what="the stop")
+        await replaying(pilot)
+        await stop_replay(pilot)
         assert views(app, "assistant")[0].entry.replay is None
         assert "replay" not in stored(app)[1].meta and await told(pilot, "Replay stopped")
 
 
 async def test_a_message_sent_during_a_replay_waits_in_the_box(tui_make_app):
-    app = tui_make_app(tui_fake_factory(max_tokens=60, delay_s=0.05))
+    app = tui_make_app(tui_fake_factory(**SLOW))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await chat_once(pilot, "tell me")
-        await keys(pilot, "f8")
+        await replaying(pilot)
         await send(pilot, "next question")
         assert await told(pilot, "replay at K = 0 is running")
         assert app.chat_input.text == "next question" and len(app.chat.session.turns) == 1
-        await keys(pilot, "escape")
-        await wait_for(pilot, lambda: app.chat.replaying is None, timeout=20, what="the stop")
+        await stop_replay(pilot)
 
 
 async def test_editing_a_past_message_replaces_later_turns_and_keeps_the_old_chat(tui_make_app):

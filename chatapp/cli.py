@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chatapp.backends.base import ChatMessage
 from chatapp.config import Config, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.errors import UserFacingError
@@ -253,12 +252,11 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
-    from chatapp.events import DoneEvent, TokenEvent
-    from chatapp.auto_policy import AutoDraftLength
-    from chatapp.loader import build_session, make_policy
-    from chatapp.policy_memory import memory_path, recall, remember
-    from chatapp.session import fallback_template_note
     from chatapp.backends.rpc import rpc_label
+    from chatapp.chat import Conversation
+    from chatapp.turns import PlanEvent
+    from chatapp.events import DoneEvent, TokenEvent
+    from chatapp.loader import build_session
     from chatapp.stats import format_summary
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -266,26 +264,29 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     _stderr_progress("", None)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    cancel = threading.Event()
-    _cancel_on_interrupt(cancel)
-    policy = make_policy(config)
-    if isinstance(policy, AutoDraftLength):
-        recall(policy, memory_path(config))
-    plan, events = session.stream([ChatMessage("user", text)], policy, cancel)
-    if plan.fallback_template:
-        print(f"note: {fallback_template_note(session.engine.target.name)}", file=sys.stderr)
-    for event in events:
-        if as_json:
-            _print_json(event.to_json())
-        elif isinstance(event, TokenEvent):
-            print(event.text, end="", flush=True)
-        elif isinstance(event, DoneEvent):
-            print()
-            note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
-            where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
-            print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
-    if isinstance(policy, AutoDraftLength):
-        remember(policy, memory_path(config))
+    chat = Conversation(config)
+    chat.attach(session)
+    try:
+        turn = chat.begin(text)
+        _cancel_on_interrupt(turn.cancel)
+        for event in chat.stream(turn):
+            if isinstance(event, PlanEvent):
+                if event.note:
+                    print(f"note: {event.note}", file=sys.stderr)
+            elif as_json:
+                _print_json(event.to_json())
+            elif isinstance(event, TokenEvent):
+                print(event.text, end="", flush=True)
+            if isinstance(event, DoneEvent):
+                chat.finish(turn, event.finish_reason.value, event.stats)
+                if not as_json:
+                    print()
+                    reason = event.finish_reason.value
+                    note = "" if reason == "stop" else f" ({reason})"
+                    where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+                    print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
+    finally:
+        chat.close()
     return 0
 
 

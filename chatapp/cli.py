@@ -20,6 +20,7 @@ from typing import Any
 
 from chatapp.config import Config, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.endpoints import DEFAULT_PORT
 from chatapp.errors import UserFacingError
 from chatapp.options import OPTIONS, Rule, arg_type, at_least
 
@@ -89,7 +90,7 @@ def _model_options() -> argparse.ArgumentParser:
 
 
 def _endpoints(text: str) -> tuple[str, ...]:
-    from chatapp.backends.rpc import parse_endpoints
+    from chatapp.endpoints import parse_endpoints
 
     try:
         return tuple(str(endpoint) for endpoint in parse_endpoints([text]))
@@ -154,7 +155,8 @@ def _add_rpc_server_parser(commands: Any) -> None:
                                  "target of a specchat on another machine (trusted networks only)")
     server.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on "
                         "(default 127.0.0.1; 0.0.0.0: every interface)")
-    server.add_argument("--port", type=_port, default=50052, help="TCP port (default 50052)")
+    server.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help=f"TCP port (default {DEFAULT_PORT})")
     server.add_argument("--threads", dest="server_threads", type=_positive_int,
                         help="CPU threads (default: every CPU this process may use)")
     server.add_argument("--device", dest="server_devices", type=_names, default=[],
@@ -169,8 +171,9 @@ def _names(text: str) -> list[str]:
 def rpc_server_command(args: argparse.Namespace) -> int:
     """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
     from chatapp.thread_tuner import available_cores
-    from chatapp.backends.rpc import (SECURITY_NOTE, Endpoint, check_server_host, require_rpc,
-                                      serve, server_devices)
+    from chatapp.backends.rpc import (SECURITY_NOTE, check_server_host, require_rpc, serve,
+                                      server_devices)
+    from chatapp.endpoints import Endpoint
 
     check_server_host(args.host)
     require_rpc()
@@ -252,7 +255,7 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
-    from chatapp.backends.rpc import rpc_label
+    from chatapp.endpoints import rpc_label
     from chatapp.chat import Conversation
     from chatapp.turns import PlanEvent
     from chatapp.events import DoneEvent, TokenEvent

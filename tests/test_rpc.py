@@ -26,7 +26,8 @@ import pytest
 
 from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
-from chatapp.backends.rpc import Endpoint, probe
+from chatapp.backends.rpc import probe
+from chatapp.endpoints import Endpoint
 from chatapp.config import Config, ConfigError, load_config
 
 WORKTREE = Path(__file__).resolve().parents[1]

@@ -22,9 +22,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
-from chatapp.backends.rpc import rpc_label
 from chatapp.chat import Conversation
 from chatapp.config import Config
+from chatapp.endpoints import rpc_label
 from chatapp.history import HistoryError, HistoryStore
 from chatapp.loader import LoadProgress as ProgressCallback
 from chatapp.loader import build_session

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from rich.style import Style
 from rich.text import Text
 
-from chatapp.backends.rpc import rpc_label
+from chatapp.endpoints import rpc_label
 from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 
 BAR_WIDTH = 14

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from chatapp.backends.base import Backend, ChatMessage
-from chatapp.backends.rpc import rpc_label
+from chatapp.endpoints import rpc_label
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, generation_speed, make_row
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec

@@ -79,3 +79,43 @@ def test_the_flag_reaches_the_comparison_and_a_missing_tool_exits_1(tmp_path: Pa
     assert main(["bench", "--against-llama-cpp", str(tmp_path)]) == 1
     error = capsys.readouterr().err
     assert "no executable llama-bench" in error and "Traceback" not in error
+
+
+def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Fake models, stand-in tools: a table row per prompt with every column; a llama.cpp
+    prompt token count that differs from specchat's stops the comparison."""
+    import io
+
+    import chatapp.bench.llama_cpp_compare as compare
+    import chatapp.bench.runner as runner
+    from chatapp.backends.base import ChatMessage
+    from chatapp.backends.fake import FakeBackend
+    from chatapp.bench.specs import BenchPrompt, RunSpec
+    from chatapp.config import Config
+
+    prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")
+    count = len(FakeBackend().chat_prompt([ChatMessage("user", prompt.text)]))
+    monkeypatch.setattr(compare, "resolve_model", lambda name: Path(f"{name}.gguf"))
+    def fake(model: str, role: str, config: Config, progress: object = None) -> FakeBackend:
+        return FakeBackend(noise=1.0 if role == "draft" else 0.0)
+
+    monkeypatch.setattr(compare, "load_backend", fake)
+    monkeypatch.setattr(runner, "load_backend", fake)
+
+    def run(encoded: int) -> str:
+        tools(tmp_path, spec_output=SPEC_OUTPUT.replace("encoded   42", f"encoded {encoded}"))
+        out = io.StringIO()
+        assert compare.compare_command(Config(seed=0, threads=2), tmp_path, [prompt],
+                                       [RunSpec("model", 2)], 12, warmup=False, out=out,
+                                       log=io.StringIO()) == 0
+        return out.getvalue()
+
+    table = run(count).splitlines()
+    header = next(line for line in table if line.startswith("| prompt |"))
+    assert "llama.cpp none" in header and "llama.cpp ngram-mod" in header
+    assert "specchat target" in header and "specchat K=2" in header
+    row = next(line for line in table if line.startswith("| one ("))
+    assert "15.2 (bench tg)" in row and row.count("|") == header.count("|")
+    with pytest.raises(LlamaCppCompareError, match="prompts differ"):
+        run(count + 1)

@@ -138,11 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the short warm-up run of every configuration")
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
                        "every prompt (the cold first turn) instead of one kept across prompts")
-    bench.add_argument("--conversation", action="store_true", help="run the scripted "
-                       "multi-turn editing conversation as one chat instead of the prompts")
-    bench.add_argument("--against-llama-cpp", type=Path, metavar="DIR", help="also run llama.cpp's "
-                       "llama-bench and llama-speculative-simple from DIR on the same prompts and "
-                       "print one comparison table")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--conversation", action="store_true", help="run the scripted "
+                      "multi-turn editing conversation as one chat instead of the prompts")
+    mode.add_argument("--against-llama-cpp", type=Path, metavar="DIR", help="also run llama.cpp's "
+                      "llama-bench and llama-speculative-simple from DIR on the same prompts and "
+                      "print one comparison table")
     _add_rpc_server_parser(commands)
     return parser
 

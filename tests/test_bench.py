@@ -209,7 +209,8 @@ def test_bench_flags_choose_prompts_configs_and_repeats() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--configs", "model:0"], ["--configs", "draft:3"],
-                                  ["--k-values", "1,x"], ["--repeats", "0"]])
+                                  ["--k-values", "1,x"], ["--repeats", "0"],
+                                  ["--conversation", "--against-llama-cpp", "dir"]])
 def test_bad_bench_flags_are_one_line_and_exit_2(argv, capsys) -> None:
     from chatapp.cli import build_parser
 

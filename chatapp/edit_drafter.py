@@ -108,22 +108,25 @@ class EditTracker:
         if self._lost is not None:
             if len(self.tokens) - self._lost.reply_at != 1:
                 return [], EDIT_KIND
-            # one token replaced by another: guess that the same replacement recurs
-            guess = (self.tokens[self._lost.source_at], self.tokens[self._lost.reply_at])
+            # one token replaced by another: guess that it is replaced where it recurs after
+            # the same token
+            at = self._lost.source_at
+            guess = (self.tokens[at - 1], self.tokens[at], self.tokens[self._lost.reply_at])
             return self._continuation(cursor, k, guess), f"{EDIT_KIND}-step"
         kind = f"{EDIT_KIND}-{'run' if cursor.run >= CONFIDENT_RUN else 'new'}"
         return self._continuation(cursor, k), kind
 
     def _continuation(self, cursor: _Cursor, k: int,
-                      guess: tuple[int, int] | None = None) -> list[int]:
-        """The source from ``cursor`` with the learnt substitutions (and the single-token
-        replacement ``guess``) applied, up to ``k`` tokens."""
+                      guess: tuple[int, int, int] | None = None) -> list[int]:
+        """The source from ``cursor`` with the learnt substitutions applied, up to ``k`` tokens;
+        ``guess`` (before, old, new): also replace ``old`` by ``new`` where it follows
+        ``before``."""
         out = list(cursor.pending[:k])
         tokens, pos, end = self.tokens, cursor.pos, len(self.tokens)
         while len(out) < k and pos < end:
             span, replacement = self._substitution_at(pos)
-            if not span and guess is not None and tokens[pos] == guess[0]:
-                span, replacement = 1, (guess[1],)
+            if not span and guess is not None and (tokens[pos - 1], tokens[pos]) == guess[:2]:
+                span, replacement = 1, guess[2:]
             if span:
                 out.extend(replacement)
                 pos += span
@@ -216,7 +219,7 @@ class EditTracker:
         at = len(tokens)
         written = at + 1 - lost.reply_at  # reply tokens since the divergence, this one included
         best, best_match = -1, 0
-        positions = self._positions.get(token, ())
+        positions = self._positions.get(token, ()) if written >= 2 else ()
         first = bisect_left(positions, lost.source_at)
         for p in positions[first:first + self.candidates]:
             if p >= lost.source_end:

@@ -15,9 +15,9 @@ message) and follows the reply through it token by token:
   the latest occurrences, the one preceded by the longest match).
 
 When the reply re-joins, what it wrote in place of the skipped source span is a substitution
-(source ``A`` -> reply ``B``, an empty ``A`` for an insertion, keyed by the tokens around it); it
-is learnt once the token after the re-join matches too, and applied wherever the source has
-``A`` again (once ``items`` became ``entries``, every later ``items`` is proposed as
+(source ``A`` -> reply ``B``; an insertion is keyed by the two tokens before it and the one
+after); it is learnt once ``CONFIRM`` tokens after the re-join match too, and applied wherever
+the source has ``A`` again (once ``items`` became ``entries``, every later ``items`` is proposed as
 ``entries``). A substitution the reply contradicts is forgotten.
 
 Proposals are a deterministic function of the context, so they are one-hot and verification
@@ -80,11 +80,11 @@ class EditTracker:
         self._positions: dict[int, list[int]] = {}  # token -> its positions, ascending
         self._grams: dict[tuple[int, ...], list[int]] = {}  # acquire_n-gram -> ends, ascending
         self._subs: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first token -> A -> B
-        self._inserts: dict[tuple[int, int], tuple[int, ...]] = {}  # (before, after) -> inserted
+        self._inserts: dict[tuple[int, ...], tuple[int, ...]] = {}  # 2 before, 1 after -> new
         self._cursor: _Cursor | None = None
         self._lost: _Divergence | None = None
         self._rejoined: _Divergence | None = None  # the divergence of a re-join not yet confirmed
-        self._candidate: tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]] | None = None
+        self._candidate: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -140,7 +140,7 @@ class EditTracker:
         replacement), or (0, ()). An insertion before ``pos`` is returned as replacing the token
         at ``pos`` by the inserted tokens and that token."""
         tokens = self.tokens
-        inserted = self._inserts.get((tokens[pos - 1], tokens[pos])) if pos else None
+        inserted = self._inserts.get(tuple(tokens[pos - 2:pos + 1])) if pos >= 2 else None
         subs = self._subs.get(tokens[pos])
         if subs:
             for source, replacement in subs.items():
@@ -236,8 +236,8 @@ class EditTracker:
             source = tuple(tokens[lost.source_at:best + 1 - best_match])
             replacement = tuple(tokens[lost.reply_at:at + 1 - best_match])
             if replacement and len(source) <= MAX_SUBST and len(replacement) <= MAX_SUBST and (
-                    lost.source_at > 0):
-                around = (tokens[lost.source_at - 1], tokens[lost.source_at])
+                    lost.source_at >= 2):
+                around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])
                 self._candidate = (source, replacement, around)
         elif written >= 2 and self._acquire(token):
             self._lost = None
@@ -271,8 +271,8 @@ class EditTracker:
         source = tuple(tokens[start:end])
         if source:
             self._subs.get(source[0], {}).pop(source, None)
-        if start:
-            self._inserts.pop((tokens[start - 1], tokens[start]), None)
+        if start >= 2:
+            self._inserts.pop(tuple(tokens[start - 2:start + 1]), None)
 
     def _index(self, token: int) -> None:
         tokens = self.tokens

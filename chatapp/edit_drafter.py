@@ -220,7 +220,8 @@ class EditTracker:
         written = at + 1 - lost.reply_at  # reply tokens since the divergence, this one included
         best, best_match = -1, 0
         positions = self._positions.get(token, ()) if written >= 2 else ()
-        first = bisect_left(positions, lost.source_at)
+        # from the token before the divergence: inserted lines end as the line before them did
+        first = bisect_left(positions, lost.source_at - 1)
         for p in positions[first:first + self.candidates]:
             if p >= lost.source_end:
                 break
@@ -234,7 +235,8 @@ class EditTracker:
             self._lost, self._rejoined = None, lost
             self._cursor = _Cursor(best + 1)
             source = tuple(tokens[lost.source_at:best + 1 - best_match])
-            replacement = tuple(tokens[lost.reply_at:at + 1 - best_match])
+            rewritten = best == lost.source_at - 1  # the reply wrote that token again
+            replacement = tuple(tokens[lost.reply_at:at + 1 - best_match + rewritten])
             if replacement and len(source) <= MAX_SUBST and len(replacement) <= MAX_SUBST and (
                     lost.source_at >= 2):
                 around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])

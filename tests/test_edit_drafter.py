@@ -10,11 +10,11 @@ import pytest
 from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
 from chatapp.edit_drafter import EditDrafter, EditTracker
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, TokenEvent
+from chatapp.engine import SpeculativeEngine
 from chatapp.ngram import NgramDrafter, NgramIndex
 from chatapp.sampling import SamplingParams, probabilities
 from tests.stat_tools import fits
+from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 
 GREEDY = SamplingParams()
 
@@ -206,19 +206,6 @@ def test_a_new_conversation_starts_over() -> None:
 
 
 # -- through the engine ---------------------------------------------------------------------------
-
-def _run(engine: SpeculativeEngine, prompt: list[int], policy, max_tokens: int,
-         sampling: SamplingParams = GREEDY, seed: int = 0) -> tuple[list[int], DoneEvent]:
-    out, done = [], None
-    for event in engine.generate(prompt, GenerationSettings(sampling, max_tokens),
-                                 np.random.default_rng(seed), policy):
-        if isinstance(event, TokenEvent):
-            out.append(event.id)
-        elif isinstance(event, DoneEvent):
-            done = event
-    assert done is not None
-    return out, done
-
 
 def _edit_prompt(length: int) -> tuple[list[int], list[int]]:
     """A prompt quoting an edited copy of what the fake target will reply (every 9th token

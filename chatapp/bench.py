@@ -47,7 +47,7 @@ import numpy as np
 from chatapp.backends.base import Backend, ChatMessage
 from chatapp.backends.rpc import rpc_label
 from chatapp.busy import BusyProcesses
-from chatapp.config import Config
+from chatapp.config import DRAFTERS, Config
 from chatapp.draft_policy import DraftPolicy
 from chatapp.drafting import Drafter, common_prefix_length
 from chatapp.engine import GenerationSettings, SpeculativeEngine
@@ -61,6 +61,7 @@ DEFAULT_K_VALUES = tuple(range(1, 9))
 WARMUP_TOKENS = 24
 BUSY_MAX_S = 3 * 3600  # --busy processes end by themselves after this, whatever happens
 TARGET = "target"
+NO_EDITS = "-noedit"  # "ngram-noedit", "ngram+model-noedit": without speculative edits
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class RunSpec:
             return cls(None)
         drafter, _, k = text.rpartition(":")
         drafter = drafter or "model"
-        if drafter not in ("model", "ngram", "ngram+model"):
+        if drafter.removesuffix(NO_EDITS) not in DRAFTERS or drafter == "model" + NO_EDITS:
             raise ValueError(f"unknown drafter {drafter!r} in bench configuration {text!r}")
         if k == "auto":
             return cls(drafter, None)
@@ -372,9 +373,11 @@ class Bench:
         target = self.backends.target
         drafter: Drafter | None = None
         if spec.drafter is not None:
-            config = dataclasses.replace(self.config, drafter=spec.drafter)
-            draft = None if spec.drafter == "ngram" else self._draft_backend()
-            drafter = make_drafter(config, target, draft=draft)
+            name = spec.drafter.removesuffix(NO_EDITS)
+            config = dataclasses.replace(self.config, drafter=name)
+            draft = None if name == "ngram" else self._draft_backend()
+            drafter = make_drafter(config, target, draft=draft,
+                                   edits=not spec.drafter.endswith(NO_EDITS))
         return SpeculativeEngine(target, drafter), self._policy(spec, drafter)
 
     def _policy(self, spec: RunSpec, drafter: Drafter | None) -> DraftPolicy:

@@ -67,13 +67,14 @@ def _load_remote_target(path: Path, model: str, config: Config,
 
 
 def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet,
-                 draft: Backend | None = None) -> Drafter:
-    """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (prompt lookup,
-    no draft model loaded) or "ngram+model". The draft model (``draft`` if given, else loaded) is
-    checked against the target's vocabulary, and only evaluates anything once it is asked to draft
-    (``DeferredModelDrafter``)."""
+                 draft: Backend | None = None, edits: bool = True) -> Drafter:
+    """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (speculative
+    edits and prompt lookup, no draft model loaded) or "ngram+model". The draft model (``draft``
+    if given, else loaded) is checked against the target's vocabulary, and only evaluates
+    anything once it is asked to draft (``DeferredModelDrafter``). ``edits=False`` leaves the
+    speculative edits out (prompt lookup alone, for comparisons)."""
     if config.drafter == "ngram":
-        return NgramDrafter(target.vocab_size)
+        return NgramDrafter(target.vocab_size, edits=edits)
     if draft is None:
         draft = load_backend(config.draft, "draft", config, progress)
         try:
@@ -85,7 +86,7 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
         check_compatible(draft, target)
     model = DeferredModelDrafter(draft)
     if config.drafter == "ngram+model":
-        return NgramModelDrafter(NgramDrafter(target.vocab_size), model)
+        return NgramModelDrafter(NgramDrafter(target.vocab_size, edits=edits), model)
     return model
 
 

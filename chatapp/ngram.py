@@ -31,12 +31,13 @@ new context no longer shares (a new chat, an edited message).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from chatapp.drafting import ModelDrafter, Proposal, rollback_to_prefix
+from chatapp.drafting import ModelDrafter, Proposal, one_hot_rows, rollback_to_prefix
+from chatapp.edit_drafter import EditTracker
 from chatapp.sampling import SamplingParams
 
 NGRAM_KIND = "ngram"
@@ -52,14 +53,6 @@ class Advisor(Protocol):
     def k_for(self, kind: str, k: int) -> int: ...
 
     def observe_shadow(self, kind: str, proposed: int, matched: int) -> None: ...
-
-
-def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
-    """(len(tokens), vocab_size) float64, row i one-hot on tokens[i]."""
-    rows = np.zeros((len(tokens), vocab_size), dtype=np.float64)
-    if len(tokens):
-        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.intp)] = 1.0
-    return rows
 
 
 class NgramIndex:
@@ -125,24 +118,68 @@ class NgramIndex:
         return None, 0
 
 
+class ShadowReplay:
+    """One source's would-be speculation at every step, replayed over the emitted tokens: at
+    ``at`` it would have proposed ``proposal`` (of ``kind``); ``settle`` scores it."""
+
+    def __init__(self, at: int = 0) -> None:
+        self.at = at
+        self.proposal: list[int] = []
+        self.kind = ""
+
+    def due(self, position: int) -> bool:
+        """True when a would-be step starts at ``position`` and needs its proposal (``start``)."""
+        return position == self.at and not self.proposal
+
+    def start(self, proposal: list[int], kind: str) -> None:
+        self.proposal, self.kind = proposal, kind
+        if not proposal:
+            self.at += 1  # no proposal: that step would have been plain
+
+    def settle(self, tokens: Sequence[int], advisor: Advisor) -> tuple[int, int] | None:
+        """Report the pending proposal to ``advisor`` once the emitted ``tokens`` decide it;
+        returns (proposed, matched) when reported, None while undecided or idle."""
+        proposal, start = self.proposal, self.at
+        if not proposal:
+            return None
+        known = len(tokens) - start
+        matched = 0
+        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
+            matched += 1
+        if matched < len(proposal) and matched == known:
+            return None  # every emitted token so far matched; wait for more
+        advisor.observe_shadow(self.kind, len(proposal), matched)
+        self.at = start + matched + 1  # the target's own token follows the accepted ones
+        self.proposal = []
+        return len(proposal), matched
+
+
 class NgramDrafter:
-    """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``."""
+    """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``.
+
+    With ``edits`` (the default) an ``EditTracker`` comes first: while the reply follows a
+    source it is rewriting, its proposal (up to ``k`` tokens) is used, the n-gram lookup
+    otherwise. Each source is replayed for the advisor under its own kinds (``lookahead``
+    tokens for the lookup, ``edit_lookahead`` for the edits)."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
                  advisor: Advisor | None = None, kind: str = NGRAM_KIND,
-                 kind_by_context: bool = True) -> None:
+                 kind_by_context: bool = True, edits: bool = True,
+                 edit_lookahead: int = 16) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
         self.lookahead = lookahead
+        self.edit_lookahead = edit_lookahead
         self.advisor = advisor
         self.kind = kind
         self.kind_by_context = kind_by_context
+        self.edits = edits
         self._index = NgramIndex(min_n, max_n)
+        self._tracker = EditTracker() if edits else None
         self._seen: Any = None  # the context object last synced (the engine appends to it)
-        self._shadow_at = 0  # where the replayed would-be speculation stands
-        self._shadow: list[int] = []  # its pending proposal, made at _shadow_at
-        self._shadow_kind = kind
+        self._shadow = ShadowReplay()  # the n-gram lookup's would-be speculation
+        self._edit_shadow = ShadowReplay()  # the edit tracker's
         self._streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
 
     @property
@@ -154,6 +191,8 @@ class NgramDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         self.sync(context, report=False)
+        if self._tracker is not None:
+            self._tracker.forget_substitutions()  # a new reply: its own edits
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the index holds emitted tokens only, never drafts."""
@@ -162,13 +201,35 @@ class NgramDrafter:
                 rng: np.random.Generator) -> Proposal:
         advisor = self._active_advisor()
         self.sync(context, report=advisor is not None)
-        tokens, kind = self.search(k)
-        if tokens and advisor is not None:
-            tokens = tokens[:advisor.k_for(kind, len(tokens))]
+        tokens, _ = self.choose(k, advisor)
         return Proposal(tokens, one_hot_rows(tokens, self.vocab_size))
 
+    def choose(self, k: int, advisor: Advisor | None) -> tuple[list[int], str]:
+        """The proposal to draft after the last ``sync`` and its kind: the first source (edits,
+        then the lookup) with a proposal that ``advisor`` (if any) gives a K > 0, cut to it."""
+        for tokens, kind in self._candidates(k):
+            if advisor is not None:
+                tokens = tokens[:advisor.k_for(kind, len(tokens))]
+            if tokens:
+                return tokens, kind
+        return [], self.kind
+
     def search(self, k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens continuing the context of the last ``sync``, and their kind.
+        """Up to ``k`` tokens continuing the context of the last ``sync``, and their kind: the
+        edit tracker's proposal if it has one, else the n-gram lookup's (``lookup``)."""
+        return next(iter(self._candidates(k)), ([], self.kind))
+
+    def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
+        if self._tracker is not None:
+            tokens, kind = self._tracker.propose(k)
+            if tokens:
+                yield tokens, kind
+        tokens, kind = self.lookup(k)
+        if tokens:
+            yield tokens, kind
+
+    def lookup(self, k: int) -> tuple[list[int], str]:
+        """Up to ``k`` tokens of n-gram lookup, and their kind.
 
         With ``kind_by_context`` the kind says how long the matched n-gram is ("long": at least
         ``LONG_MATCH`` tokens) and how the latest scored proposal fared ("hot": all of it matched,
@@ -187,7 +248,8 @@ class NgramDrafter:
 
     def sync(self, context: Sequence[int], report: bool) -> None:
         """Index the tokens of ``context`` not seen yet (rebuild if it is not an extension);
-        with ``report``, tell the advisor how replayed n-gram speculation fared on them."""
+        with ``report``, tell the advisor how replayed speculation of each source fared on
+        them."""
         index = self._index
         known = len(index)
         extends = len(context) >= known and (
@@ -195,35 +257,31 @@ class NgramDrafter:
             or list(context[:known]) == index.tokens)
         if not extends:
             self._index = index = NgramIndex(self.min_n, self.max_n)
-            self._shadow_at, self._shadow = 0, []
+            self._tracker = EditTracker() if self.edits else None
+            self._shadow, self._edit_shadow = ShadowReplay(), ShadowReplay()
             known = 0
         self._seen = context
         advisor = self.advisor if report else None
+        tracker, shadow, edit_shadow = self._tracker, self._shadow, self._edit_shadow
         for position in range(known, len(context)):
-            if advisor is not None and position == self._shadow_at and not self._shadow:
-                self._shadow, n = index.search(self.lookahead)
-                self._shadow_kind = self._kind(n)
-                if not self._shadow:
-                    self._shadow_at += 1  # no match: that step would have been plain
-            index.append(context[position])
-            if advisor is not None and self._shadow:
-                self._settle_shadow(advisor)
+            if advisor is not None:
+                if shadow.due(position):
+                    shadow.start(*self.lookup(self.lookahead))
+                if tracker is not None and edit_shadow.due(position):
+                    edit_shadow.start(*tracker.propose(self.edit_lookahead))
+            token = context[position]
+            index.append(token)
+            if tracker is not None:
+                tracker.append(token)
+            if advisor is not None:
+                scored = shadow.settle(index.tokens, advisor)
+                if scored is not None:
+                    proposed, matched = scored
+                    self._streak = ("hot" if matched == proposed
+                                    else ("warm" if matched else "cold"))
+                edit_shadow.settle(index.tokens, advisor)
         if not report:  # nothing replayed: start replaying from here next time
-            self._shadow_at, self._shadow = len(index), []
-
-    def _settle_shadow(self, advisor: Advisor) -> None:
-        """Score the pending would-be proposal as far as the emitted tokens allow."""
-        tokens, start, proposal = self._index.tokens, self._shadow_at, self._shadow
-        known = len(tokens) - start
-        matched = 0
-        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
-            matched += 1
-        if matched < len(proposal) and matched == known:
-            return  # every emitted token so far matched; wait for more
-        advisor.observe_shadow(self._shadow_kind, len(proposal), matched)
-        self._streak = "hot" if matched == len(proposal) else ("warm" if matched else "cold")
-        self._shadow_at = start + matched + 1  # the target's own token follows the accepted ones
-        self._shadow = []
+            self._shadow, self._edit_shadow = ShadowReplay(len(index)), ShadowReplay(len(index))
 
     def _active_advisor(self) -> Advisor | None:
         advisor = self.advisor
@@ -270,9 +328,7 @@ class NgramModelDrafter:
                 rng: np.random.Generator) -> Proposal:
         advisor = self.advisor if self.advisor is not None and self.advisor.advising() else None
         self.ngram.sync(context, report=advisor is not None)
-        tokens, kind = self.ngram.search(k)
-        if tokens and advisor is not None:
-            tokens = tokens[:advisor.k_for(kind, len(tokens))]
+        tokens, _ = self.ngram.choose(k, advisor)
         if tokens:
             probs = one_hot_rows(tokens, self.ngram.vocab_size)
             if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:

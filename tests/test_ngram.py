@@ -81,7 +81,7 @@ def test_index_follows_a_growing_context_and_rebuilds_for_another() -> None:
 def test_incremental_index_equals_a_fresh_one() -> None:
     rng = np.random.default_rng(1)
     tokens = list(rng.integers(0, 6, size=300))
-    drafter = NgramDrafter(vocab_size=6)
+    drafter = NgramDrafter(vocab_size=6, edits=False)  # the lookup alone
     context: list[int] = []
     for token in tokens:
         context.append(int(token))
@@ -184,7 +184,7 @@ def test_shadow_scoring_reports_would_be_acceptance() -> None:
             self.reports.append((proposed, matched))
 
     recorder = Recorder()
-    drafter = NgramDrafter(vocab_size=20, lookahead=3, advisor=recorder)
+    drafter = NgramDrafter(vocab_size=20, lookahead=3, advisor=recorder, edits=False)
     context = [1, 2, 3, 4, 9]
     drafter.prefill(context)
     # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...

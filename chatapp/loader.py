@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from chatapp.backends.base import Backend
+from chatapp.backends.base import Backend, ChatMessage
 from chatapp.catalog import resolve_model
 from chatapp.config import Config
 from chatapp.draft_policy import AutoDraftLength, DraftPolicy, FixedDraftLength
@@ -21,8 +21,11 @@ from chatapp.drafting import Drafter
 from chatapp.ngram import DeferredModelDrafter, NgramDrafter, NgramModelDrafter
 from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
+from chatapp.history import HistoryStore, StoredMessage
 from chatapp.sampling import SamplingParams
 from chatapp.session import ChatSession
+from chatapp.suffix_drafter import SuffixSource
+from chatapp.suffix_index import HistoryCorpus
 
 LoadProgress = Callable[[str, float | None], None]
 
@@ -66,15 +69,32 @@ def _load_remote_target(path: Path, model: str, config: Config,
                         threads=config.threads, tensor_split=config.tensor_split)
 
 
+def history_corpus(store: HistoryStore, target: Backend, config: Config) -> HistoryCorpus:
+    """The suffix index over ``store``'s chats, each rendered as ``target`` sees it (its chat
+    template, ``config``'s system prompt first), newest chats first up to the capacity."""
+    system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
+
+    def render(messages: list[StoredMessage]) -> list[int]:
+        return target.chat_prompt(system + [ChatMessage(m.role, m.content) for m in messages])
+
+    return HistoryCorpus.from_store(store, render)
+
+
 def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet,
-                 draft: Backend | None = None, edits: bool = True) -> Drafter:
+                 draft: Backend | None = None, edits: bool = True,
+                 corpus: HistoryCorpus | None = None) -> Drafter:
     """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (speculative
-    edits and prompt lookup, no draft model loaded) or "ngram+model". The draft model (``draft``
-    if given, else loaded) is checked against the target's vocabulary, and only evaluates
-    anything once it is asked to draft (``DeferredModelDrafter``). ``edits=False`` leaves the
-    speculative edits out (prompt lookup alone, for comparisons)."""
+    edits, the history-wide suffix index and prompt lookup, no draft model loaded) or
+    "ngram+model". The draft model (``draft`` if given, else loaded) is checked against the
+    target's vocabulary, and only evaluates anything once it is asked to draft
+    (``DeferredModelDrafter``). ``edits=False`` leaves the speculative edits out (for
+    comparisons). ``corpus``: the suffix index over the history (``history_corpus``); without
+    it the suffix index covers the open conversation only."""
+    if config.drafter in ("ngram", "ngram+model"):
+        suffix = SuffixSource(corpus if corpus is not None else HistoryCorpus())
+        ngram = NgramDrafter(target.vocab_size, edits=edits, suffix=suffix)
     if config.drafter == "ngram":
-        return NgramDrafter(target.vocab_size, edits=edits)
+        return ngram
     if draft is None:
         draft = load_backend(config.draft, "draft", config, progress)
         try:
@@ -86,7 +106,7 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
         check_compatible(draft, target)
     model = DeferredModelDrafter(draft)
     if config.drafter == "ngram+model":
-        return NgramModelDrafter(NgramDrafter(target.vocab_size, edits=edits), model)
+        return NgramModelDrafter(ngram, model)
     return model
 
 
@@ -109,12 +129,14 @@ def generation_settings(config: Config) -> GenerationSettings:
     return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
 
 
-def build_session(config: Config, progress: LoadProgress = _quiet,
-                  with_draft: bool = True) -> ChatSession:
-    """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat."""
+def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
+                  history: HistoryStore | None = None) -> ChatSession:
+    """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
+    With ``history`` the default drafter's suffix index covers its chats (``history_corpus``)."""
     target = load_backend(config.target, "target", config, progress)
     try:
-        drafter = make_drafter(config, target, progress) if with_draft else None
+        corpus = history_corpus(history, target, config) if history is not None else None
+        drafter = make_drafter(config, target, progress, corpus=corpus) if with_draft else None
     except Exception:
         target.close()
         raise

@@ -39,6 +39,7 @@ import numpy as np
 from chatapp.drafting import ModelDrafter, Proposal, one_hot_rows, rollback_to_prefix
 from chatapp.edit_drafter import EditTracker
 from chatapp.sampling import SamplingParams
+from chatapp.suffix_drafter import SuffixSource
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
@@ -158,19 +159,24 @@ class NgramDrafter:
     """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``.
 
     With ``edits`` (the default) an ``EditTracker`` comes first: while the reply follows a
-    source it is rewriting, its proposal (up to ``k`` tokens) is used, the n-gram lookup
+    source it is rewriting, its proposal (up to ``k`` tokens) is used; then a ``suffix``
+    source (the history-wide index, if given) when it is confident; the n-gram lookup
     otherwise. Each source is replayed for the advisor under its own kinds (``lookahead``
-    tokens for the lookup, ``edit_lookahead`` for the edits)."""
+    tokens for the lookup, ``edit_lookahead`` for the edits, ``suffix_lookahead`` for the
+    suffix index)."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
                  advisor: Advisor | None = None, kind: str = NGRAM_KIND,
                  kind_by_context: bool = True, edits: bool = True,
-                 edit_lookahead: int = 16) -> None:
+                 edit_lookahead: int = 16, suffix: SuffixSource | None = None,
+                 suffix_lookahead: int = 16) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
         self.lookahead = lookahead
         self.edit_lookahead = edit_lookahead
+        self.suffix = suffix
+        self.suffix_lookahead = suffix_lookahead
         self.advisor = advisor
         self.kind = kind
         self.kind_by_context = kind_by_context
@@ -180,6 +186,7 @@ class NgramDrafter:
         self._seen: Any = None  # the context object last synced (the engine appends to it)
         self._shadow = ShadowReplay()  # the n-gram lookup's would-be speculation
         self._edit_shadow = ShadowReplay()  # the edit tracker's
+        self._suffix_shadow = ShadowReplay()  # the suffix index's
         self._streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
 
     @property
@@ -224,6 +231,10 @@ class NgramDrafter:
             tokens, kind = self._tracker.propose(k)
             if tokens:
                 yield tokens, kind
+        if self.suffix is not None:
+            tokens, kind = self.suffix.propose(self._index.tokens, k)
+            if tokens:
+                yield tokens, kind
         tokens, kind = self.lookup(k)
         if tokens:
             yield tokens, kind
@@ -259,20 +270,28 @@ class NgramDrafter:
             self._index = index = NgramIndex(self.min_n, self.max_n)
             self._tracker = EditTracker() if self.edits else None
             self._shadow, self._edit_shadow = ShadowReplay(), ShadowReplay()
+            self._suffix_shadow = ShadowReplay()
             known = 0
+        if known == 0 and self.suffix is not None:
+            self.suffix.reset()  # the context is the open chat's whole text
         self._seen = context
         advisor = self.advisor if report else None
         tracker, shadow, edit_shadow = self._tracker, self._shadow, self._edit_shadow
+        suffix, suffix_shadow = self.suffix, self._suffix_shadow
         for position in range(known, len(context)):
             if advisor is not None:
                 if shadow.due(position):
                     shadow.start(*self.lookup(self.lookahead))
                 if tracker is not None and edit_shadow.due(position):
                     edit_shadow.start(*tracker.propose(self.edit_lookahead))
+                if suffix is not None and suffix_shadow.due(position):
+                    suffix_shadow.start(*suffix.propose(index.tokens, self.suffix_lookahead))
             token = context[position]
             index.append(token)
             if tracker is not None:
                 tracker.append(token)
+            if suffix is not None:
+                suffix.append(token)
             if advisor is not None:
                 scored = shadow.settle(index.tokens, advisor)
                 if scored is not None:
@@ -280,8 +299,10 @@ class NgramDrafter:
                     self._streak = ("hot" if matched == proposed
                                     else ("warm" if matched else "cold"))
                 edit_shadow.settle(index.tokens, advisor)
+                suffix_shadow.settle(index.tokens, advisor)
         if not report:  # nothing replayed: start replaying from here next time
             self._shadow, self._edit_shadow = ShadowReplay(len(index)), ShadowReplay(len(index))
+            self._suffix_shadow = ShadowReplay(len(index))
 
     def _active_advisor(self) -> Advisor | None:
         advisor = self.advisor

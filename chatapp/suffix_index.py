@@ -136,6 +136,10 @@ class HistoryCorpus:
             self._count(tuple(doc[max(0, end - ORDERS[-1]):end]), token, -1)
         self._size -= len(doc)
 
+    def document(self, chat: ChatKey) -> list[int]:
+        """A copy of ``chat``'s indexed tokens (empty if it is not indexed)."""
+        return list(self._docs.get(chat, ()))
+
     def chats(self) -> list[ChatKey]:
         """The indexed chats, least recently touched first."""
         return list(self._docs)

@@ -1,0 +1,50 @@
+"""The history-wide suffix index as a draft source: the open conversation is one of the corpus's
+chats, kept in step with the context the engine drafts for.
+
+``SuffixSource`` is what ``NgramDrafter`` consults after the speculative edits and before the
+n-gram lookup (and so before the draft model in "ngram+model"): it proposes only when the corpus
+has a confident continuation (``HistoryCorpus.propose``), up to ``MAX_PROPOSAL`` tokens, one-hot.
+
+The conversation layer tells it which chat is open (``open_chat``); the context the drafter
+follows (``reset``, then ``append`` per token) is then that chat's document in the corpus.
+Without a chat (the bench, ``specchat run`` without history) the context
+is kept under ``LIVE``, replaced whenever the context is not an extension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from chatapp.suffix_index import MAX_PROPOSAL, ChatKey, HistoryCorpus
+
+LIVE = "live"  # the corpus key of a conversation that is not in the history
+
+
+class SuffixSource:
+    """Proposals from a ``HistoryCorpus`` that follows the context; see the module docstring."""
+
+    def __init__(self, corpus: HistoryCorpus, chat: ChatKey = LIVE) -> None:
+        self.corpus = corpus
+        self.chat = chat
+
+    def open_chat(self, chat: ChatKey) -> None:
+        """From now on the context is the text of ``chat`` (its stored document is replaced by
+        the context on the next sync); the previous chat's document stays in the corpus."""
+        if self.chat == LIVE and chat != LIVE:
+            self.corpus.remove_chat(LIVE)
+        self.chat = chat
+
+    def reset(self) -> None:
+        """The context starts over (a new or edited conversation): empty the chat's document;
+        ``append`` refills it."""
+        self.corpus.remove_chat(self.chat)
+
+    def append(self, token: int) -> None:
+        """The context grew by ``token``."""
+        self.corpus.extend_chat(self.chat, (token,))
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
+        """Up to ``min(k, MAX_PROPOSAL)`` tokens continuing ``context`` and their kind
+        ("suffix-long" or "suffix-short"); empty when the corpus is not confident."""
+        proposal = self.corpus.propose(context, min(k, MAX_PROPOSAL))
+        return proposal.tokens, proposal.kind

@@ -10,15 +10,18 @@ message) and follows the reply through it token by token:
   source, within ``window`` tokens ahead of where they parted (the candidate whose preceding
   tokens match the reply's latest ones best, the nearest of equals). Until then it guesses once
   that the token was replaced one for one ("step past" it); after that it proposes nothing, and
-  after ``patience`` tokens without re-joining it drops the cursor.
+  after ``patience`` tokens without re-joining it drops the cursor. A cursor that had matched
+  ``CONFIDENT_RUN`` tokens moves to another part of the context meanwhile only on a match of
+  ``LEAVE_MATCH`` tokens: a short one (the instruction quoting the new code, ``timeout=10.0``)
+  must not take it out of the code it follows.
 - no cursor: it acquires one where the reply's last ``acquire_n`` tokens occurred before (among
   the latest occurrences, the one preceded by the longest match).
 
 When the reply re-joins, what it wrote in place of the skipped source span is a substitution
 (source ``A`` -> reply ``B``; an insertion is keyed by the two tokens before it and the one
-after); it is learnt once ``CONFIRM`` tokens after the re-join match too, and applied wherever
-the source has ``A`` again (once ``items`` became ``entries``, every later ``items`` is proposed as
-``entries``). A substitution the reply contradicts is forgotten.
+after, and by the one after alone: a parameter added before every ``):``); it is learnt once
+``CONFIRM`` tokens after the re-join match too, and applied wherever the source has ``A`` again
+(once ``items`` became ``entries``, every later ``items`` is proposed as ``entries``). A substitution the reply contradicts is forgotten.
 
 Proposals are a deterministic function of the context, so they are one-hot and verification
 stays exact at any temperature. Every update is O(1) per appended token (dictionary look-ups and
@@ -40,6 +43,7 @@ EDIT_KIND = "edit"
 CONFIDENT_RUN = 4  # tokens matched since the last re-join for a cursor to count as confident
 CONFIRM = 2  # tokens that must match after a re-join before its substitution is learnt
 MAX_SUBST = 8  # longest source or reply span of a learnt substitution
+LEAVE_MATCH = 8  # a diverged cursor moves elsewhere only for a match this long (else re-joins)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class _Divergence:
     source_at: int
     reply_at: int
     source_end: int
+    settled: bool = False  # the cursor had matched CONFIDENT_RUN tokens or more before it
 
 
 class EditTracker:
@@ -80,7 +85,8 @@ class EditTracker:
         self._positions: dict[int, list[int]] = {}  # token -> its positions, ascending
         self._grams: dict[tuple[int, ...], list[int]] = {}  # acquire_n-gram -> ends, ascending
         self._subs: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first token -> A -> B
-        self._inserts: dict[tuple[int, ...], tuple[int, ...]] = {}  # 2 before, 1 after -> new
+        # (2 before, 1 after) or (1 after,) -> inserted tokens
+        self._inserts: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._cursor: _Cursor | None = None
         self._lost: _Divergence | None = None
         self._rejoined: _Divergence | None = None  # the divergence of a re-join not yet confirmed
@@ -140,7 +146,8 @@ class EditTracker:
         replacement), or (0, ()). An insertion before ``pos`` is returned as replacing the token
         at ``pos`` by the inserted tokens and that token."""
         tokens = self.tokens
-        inserted = self._inserts.get(tuple(tokens[pos - 2:pos + 1])) if pos >= 2 else None
+        inserted = (self._inserts.get(tuple(tokens[pos - 2:pos + 1])) if pos >= 2 else None
+                    ) or self._inserts.get((tokens[pos],))
         subs = self._subs.get(tokens[pos])
         if subs:
             for source, replacement in subs.items():
@@ -200,7 +207,7 @@ class EditTracker:
             if source:
                 self._subs.setdefault(source[0], {})[source] = replacement
             else:
-                self._inserts[around] = replacement
+                self._inserts[around] = self._inserts[around[-1:]] = replacement
             self._candidate = None
 
     def _diverge(self, source_at: int, reply_at: int) -> None:
@@ -208,7 +215,8 @@ class EditTracker:
         if self._rejoined is not None and self._cursor is not None and self._cursor.run == 0:
             self._lost, self._rejoined = self._rejoined, None  # that re-join was a coincidence
             return
-        self._lost = _Divergence(source_at, reply_at, source_at + self.window)
+        settled = self._cursor is not None and self._cursor.run >= CONFIDENT_RUN
+        self._lost = _Divergence(source_at, reply_at, source_at + self.window, settled)
         self._cursor = _Cursor(source_at + 1)  # the one-for-one guess, for the next token
 
     def _rejoin(self, token: int) -> None:
@@ -241,14 +249,15 @@ class EditTracker:
                     lost.source_at >= 2):
                 around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])
                 self._candidate = (source, replacement, around)
-        elif written >= 2 and self._acquire(token):
-            self._lost = None
+        elif written >= 2 and self._acquire(token, LEAVE_MATCH if lost.settled else 0):
+            self._lost = None  # the reply went on with another part of the context
         elif written > self.patience:
             self._lost, self._cursor = None, None
 
-    def _acquire(self, token: int) -> bool:
+    def _acquire(self, token: int, min_match: int = 0) -> bool:
         """Place the cursor after the best earlier occurrence of the last ``acquire_n`` tokens
-        (``token`` the last of them); False if there is none."""
+        (``token`` the last of them), if it is preceded by a match of ``min_match`` tokens or
+        more; False if there is none."""
         n, tokens = self.acquire_n, self.tokens
         if len(tokens) < n - 1:
             return False
@@ -265,6 +274,8 @@ class EditTracker:
                 match += 1
             if match > best_match:
                 best, best_match = end, match
+        if best_match < min_match:
+            return False
         self._cursor, self._rejoined = _Cursor(best), None
         return True
 
@@ -275,6 +286,8 @@ class EditTracker:
             self._subs.get(source[0], {}).pop(source, None)
         if start >= 2:
             self._inserts.pop(tuple(tokens[start - 2:start + 1]), None)
+        if start < len(tokens):
+            self._inserts.pop((tokens[start],), None)
 
     def _index(self, token: int) -> None:
         tokens = self.tokens

@@ -7,13 +7,13 @@ import re
 import numpy as np
 import pytest
 
-from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.backends.fake import FakeBackend
 from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
 from chatapp.edit_drafter import EditDrafter, EditTracker
 from chatapp.engine import SpeculativeEngine
 from chatapp.ngram import NgramDrafter, NgramIndex
-from chatapp.sampling import SamplingParams, probabilities
-from tests.stat_tools import fits
+from chatapp.sampling import SamplingParams
+from tests.exactness import assert_two_token_distribution_exact, uncertain_case
 from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 
 GREEDY = SamplingParams()
@@ -253,33 +253,11 @@ def test_output_distribution_is_unchanged_when_sampling() -> None:
     target = FakeBackend(sharpness=1.0)
     sampling = SamplingParams(temperature=1.0)
     # source "8 a b c 5 6 ..." quoted, the reply so far is "8 a b": the tracker proposes "c 5 6".
-    # Choose one where p(c) is neither ~0 nor ~1, so that acceptance and resampling both occur.
-    for a, b, c in ((a, b, c) for a in range(1, 20) for b in range(1, 20) for c in range(1, 20)):
-        prompt = [8, a, b, c, 5, 6, 7, 9, 8, a, b]
-        p = probabilities(target.evaluate(prompt, 1)[0], sampling)
-        target.truncate(0)
-        if 0.2 < p[c] < 0.8:
-            break
-    else:
-        pytest.fail("no suitable prompt")
+    prompt, c, _ = uncertain_case(target, sampling, (
+        ([8, a, b, c, 5, 6, 7, 9, 8, a, b], c)
+        for a in range(1, 20) for b in range(1, 20) for c in range(1, 20)))
     drafter = EditDrafter(target.vocab_size)
     drafter.sync(prompt)
     assert drafter.tracker.propose(3)[0] == [c, 5, 6]
-    vocab = target.vocab_size
-    joint = np.zeros((vocab, vocab))
-    for x in range(vocab):  # p(x, y) = p(x) p(y | prompt x); the stop token ends the reply
-        q = probabilities(target.evaluate(prompt + [x], 1)[0], sampling)
-        target.truncate(0)
-        joint[x] = p[x] * q if x != STOP_ID else np.eye(vocab)[STOP_ID] * p[x]
-    engine = SpeculativeEngine(target, EditDrafter(vocab))
-    samples = 4000
-    counts = np.zeros((vocab, vocab))
-    accepted = 0
-    for seed in range(samples):
-        out, done = _run(engine, prompt, FixedDraftLength(3), 2, sampling, seed)
-        out += [STOP_ID] * (2 - len(out))  # a reply that stopped: the stop token stands in
-        counts[out[0], out[1]] += 1
-        accepted += done.stats.accepted > 0
-    assert 0 < accepted < samples
-    assert fits(counts.sum(axis=1), p)
-    assert fits(counts.ravel(), joint.ravel())
+    engine = SpeculativeEngine(target, EditDrafter(target.vocab_size))
+    assert_two_token_distribution_exact(target, prompt, sampling, lambda: engine)

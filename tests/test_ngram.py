@@ -14,7 +14,7 @@ from chatapp.engine import GenerationSettings, SpeculativeEngine
 from chatapp.events import DoneEvent, TokenEvent
 from chatapp.ngram import (DeferredModelDrafter, NgramDrafter, NgramIndex, NgramModelDrafter,
                            one_hot_rows)
-from chatapp.sampling import SamplingParams, probabilities
+from chatapp.sampling import SamplingParams
 from tests.stat_tools import fits
 
 GREEDY = SamplingParams()
@@ -218,14 +218,10 @@ def test_first_token_distribution_matches_target_only_when_sampling() -> None:
     sampling = SamplingParams(temperature=1.0)
     # A prompt "a b c a b" makes the n-gram propose c; pick one where p(c) is neither ~0 nor ~1,
     # so that both acceptance and the residual resampling are exercised.
-    for a, b, c in ((a, b, c) for a in range(1, 9) for b in range(1, 9) for c in range(1, 9)):
-        prompt = [a, b, c, a, b]
-        p = probabilities(target.evaluate(prompt, 1)[0], sampling)
-        target.truncate(0)
-        if 0.2 < p[c] < 0.8:
-            break
-    else:
-        pytest.fail("no suitable prompt")
+    from tests.exactness import uncertain_case  # it imports this module
+
+    prompt, c, p = uncertain_case(target, sampling, (
+        ([a, b, c, a, b], c) for a in range(1, 9) for b in range(1, 9) for c in range(1, 9)))
     engine = SpeculativeEngine(target, NgramDrafter(target.vocab_size))
     samples = 3000
     counts = np.zeros(target.vocab_size)

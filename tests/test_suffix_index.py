@@ -7,18 +7,17 @@ import random
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.backends.fake import FakeBackend
 from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
 from chatapp.engine import SpeculativeEngine
 from chatapp.history import HistoryStore
 from chatapp.ngram import NgramDrafter
-from chatapp.sampling import SamplingParams, probabilities
+from chatapp.sampling import SamplingParams
 from chatapp.suffix_drafter import LIVE, SuffixSource
 from chatapp.suffix_index import MAX_PROPOSAL, ORDERS, HistoryCorpus
-from tests.stat_tools import fits
+from tests.exactness import assert_two_token_distribution_exact, uncertain_case
 from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 
 LINE = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
@@ -163,38 +162,16 @@ def test_output_distribution_is_unchanged_when_sampling() -> None:
     after this context) leaves the joint distribution of the first two tokens exact."""
     target = FakeBackend(sharpness=1.0)
     sampling = SamplingParams(temperature=1.0)
-    # the fake looks at the last two tokens: find a context and a token c whose p(c) is neither
-    # ~0 nor ~1, so that acceptance and resampling both occur
-    for a, b in ((a, b) for a in range(1, 20) for b in range(1, 20)):
-        base = [8, 21, 22, 23, 24, 25, 26, a, b]
-        p = probabilities(target.evaluate(base, 1)[0], sampling)
-        target.truncate(0)
-        c = int(np.argmax(np.where((p > 0.2) & (p < 0.8), p, 0.0)))
-        if 0.2 < p[c] < 0.8:
-            break
-    else:
-        pytest.fail("no suitable context")
+    # the fake looks at the last two tokens: vary them to find a context and a token c whose
+    # p(c) is neither ~0 nor ~1
+    base, c, _ = uncertain_case(target, sampling, (
+        ([8, 21, 22, 23, 24, 25, 26, a, b], c)
+        for a in range(1, 20) for b in range(1, 20) for c in range(1, 20)))
     corpus = HistoryCorpus()
     corpus.add_chat_text("earlier", base + [c, 5, 6])
     assert corpus.propose(base, 3).tokens == [c, 5, 6]
-    vocab = target.vocab_size
-    joint = np.zeros((vocab, vocab))
-    for x in range(vocab):  # p(x, y) = p(x) p(y | prompt x); the stop token ends the reply
-        q = probabilities(target.evaluate(base + [x], 1)[0], sampling)
-        target.truncate(0)
-        joint[x] = p[x] * q if x != STOP_ID else np.eye(vocab)[STOP_ID] * p[x]
-    samples = 4000
-    counts = np.zeros((vocab, vocab))
-    accepted = 0
-    for seed in range(samples):
-        engine = SpeculativeEngine(target, _suffix_drafter(_copy(corpus)))
-        out, done = _run(engine, base, FixedDraftLength(3), 2, sampling, seed)
-        out += [STOP_ID] * (2 - len(out))  # a reply that stopped: the stop token stands in
-        counts[out[0], out[1]] += 1
-        accepted += done.stats.accepted > 0
-    assert 0 < accepted < samples
-    assert fits(counts.sum(axis=1), p)
-    assert fits(counts.ravel(), joint.ravel())
+    assert_two_token_distribution_exact(
+        target, base, sampling, lambda: SpeculativeEngine(target, _suffix_drafter(_copy(corpus))))
 
 
 def _copy(corpus: HistoryCorpus) -> HistoryCorpus:

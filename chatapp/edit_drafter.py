@@ -40,6 +40,7 @@ from chatapp.drafting import Proposal, one_hot_rows
 from chatapp.sampling import SamplingParams
 
 EDIT_KIND = "edit"
+EDIT_RUN = f"{EDIT_KIND}-run"  # the kind of a confident cursor's proposal
 CONFIDENT_RUN = 4  # tokens matched since the last re-join for a cursor to count as confident
 CONFIRM = 2  # tokens that must match after a re-join before its substitution is learnt
 MAX_SUBST = 8  # longest source or reply span of a learnt substitution

@@ -37,9 +37,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from chatapp.drafting import ModelDrafter, Proposal, one_hot_rows, rollback_to_prefix
-from chatapp.edit_drafter import EditTracker
+from chatapp.edit_drafter import EDIT_RUN, EditTracker
 from chatapp.sampling import SamplingParams
 from chatapp.suffix_drafter import SuffixSource
+from chatapp.suffix_index import SUFFIX_LONG
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
@@ -161,7 +162,8 @@ class NgramDrafter:
     With ``edits`` (the default) an ``EditTracker`` comes first: while the reply follows a
     source it is rewriting, its proposal (up to ``k`` tokens) is used; then a ``suffix``
     source (the history-wide index, if given) when it is confident; the n-gram lookup
-    otherwise. Each source is replayed for the advisor under its own kinds (``lookahead``
+    otherwise. A "suffix-long" proposal (a long match, e.g. an earlier chat's reply being
+    written again) comes before the edits unless the edits are in a confident run. Each source is replayed for the advisor under its own kinds (``lookahead``
     tokens for the lookup, ``edit_lookahead`` for the edits, ``suffix_lookahead`` for the
     suffix index)."""
 
@@ -227,12 +229,10 @@ class NgramDrafter:
         return next(iter(self._candidates(k)), ([], self.kind))
 
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
-        if self._tracker is not None:
-            tokens, kind = self._tracker.propose(k)
-            if tokens:
-                yield tokens, kind
-        if self.suffix is not None:
-            tokens, kind = self.suffix.propose(self._index.tokens, k)
+        suffix = self.suffix.propose(self._index.tokens, k) if self.suffix is not None else ([], "")
+        edit = self._tracker.propose(k) if self._tracker is not None else ([], "")
+        first = suffix[1] == SUFFIX_LONG and edit[1] != EDIT_RUN  # else the edits come first
+        for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
             if tokens:
                 yield tokens, kind
         tokens, kind = self.lookup(k)

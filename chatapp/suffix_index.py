@@ -45,6 +45,7 @@ MIN_SHARE = 0.5  # a chained token needs at least this share of what followed it
 MIN_CONFIDENCE = 0.3  # the chain stops when the product of its shares falls below this
 SHORT_ORDER = 4  # a chain step matched on fewer tokens than this counts as "short"
 SHORT_LIMIT = 4  # at most this many tokens are chained on short matches
+SUFFIX_LONG, SUFFIX_SHORT = "suffix-long", "suffix-short"  # the kinds of a proposal
 
 ChatKey = Hashable  # a history chat id, or any key for a conversation not stored (the bench's)
 Render = Callable[[Sequence[StoredMessage]], list[int]]
@@ -66,7 +67,7 @@ class SuffixProposal:
         """"suffix-long" (first match on a ``SHORT_ORDER``-gram or longer, seen twice or more, or
         on the longest order), "suffix-short" otherwise: the policy learns each apart."""
         long = self.match >= SHORT_ORDER and (self.support >= 2 or self.match == ORDERS[-1])
-        return f"suffix-{'long' if long else 'short'}"
+        return SUFFIX_LONG if long else SUFFIX_SHORT
 
 
 class HistoryCorpus:

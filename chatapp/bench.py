@@ -378,11 +378,11 @@ class Bench:
             draft = None if name == "ngram" else self._draft_backend()
             drafter = make_drafter(config, target, draft=draft,
                                    edits=not spec.drafter.endswith(NO_EDITS))
-        return SpeculativeEngine(target, drafter), self._policy(spec, drafter)
+        return SpeculativeEngine(target, drafter), self._policy(spec)
 
-    def _policy(self, spec: RunSpec, drafter: Drafter | None) -> DraftPolicy:
+    def _policy(self, spec: RunSpec) -> DraftPolicy:
         length = "0" if spec.drafter is None else ("auto" if spec.k is None else str(spec.k))
-        return make_policy(dataclasses.replace(self.config, draft_length=length), drafter)
+        return make_policy(dataclasses.replace(self.config, draft_length=length))
 
     # -- runs --
 
@@ -413,7 +413,7 @@ class Bench:
             for spec in rotated(self.specs, number - 1 + repeat):
                 engine, policy = self._engines[spec.name]
                 if self.fresh_policy and spec.drafter is not None and spec.k is None:
-                    policy = self._policy(spec, engine.drafter)
+                    policy = self._policy(spec)
                     self._engines[spec.name] = (engine, policy)
                 run = self._generate(spec, engine, policy, tokens, self.settings, seed=number)
                 self._log_run(number, total, prompt, spec.name, run)

@@ -281,7 +281,7 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
     from chatapp.events import DoneEvent, TokenEvent
-    from chatapp.draft_policy import AutoDraftLength
+    from chatapp.auto_policy import AutoDraftLength
     from chatapp.loader import build_session, make_policy
     from chatapp.policy_memory import memory_path, recall, remember
     from chatapp.session import fallback_template_note
@@ -295,7 +295,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
         print(f"note: {note}", file=sys.stderr)
     cancel = threading.Event()
     _cancel_on_interrupt(cancel)
-    policy = make_policy(config, session.engine.drafter)
+    policy = make_policy(config)
     if isinstance(policy, AutoDraftLength):
         recall(policy, memory_path(config))
     plan, events = session.stream([ChatMessage("user", text)], policy, cancel)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chatapp.drafting import Proposal, one_hot_rows
+from chatapp.drafting import DraftBudget, Proposal, one_hot_rows
 from chatapp.sampling import SamplingParams
 
 EDIT_KIND = "edit"
@@ -330,8 +330,14 @@ class EditDrafter:
         for token in context[known:]:
             tracker.append(token)
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        """Nothing to free: no model."""
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.sync(context)
-        tokens, _ = self.tracker.propose(k)
-        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size))
+        tokens, kind = self.tracker.propose(budget.most)
+        tokens = tokens[:budget.for_source(kind)]
+        if not tokens:
+            return Proposal.empty(self.vocab_size)
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind)

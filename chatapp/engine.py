@@ -1,10 +1,12 @@
 """The speculative decoding engine: prompt token ids in, an event stream out.
 
-``SpeculativeEngine.generate`` yields one ``TokenEvent`` per emitted token, a ``StepEvent`` after
-every target forward, and a final ``DoneEvent``. Each step: read K from the draft policy, let the
-drafter propose up to K tokens, evaluate them with the target in one forward (logits for the K+1
-positions only), accept or replace them with ``speculative.verify``. K = 0 is plain target decoding
-through the same stream (source ``target``).
+``SpeculativeEngine.generate`` yields a ``PromptEvent`` once the prompt is evaluated, one
+``TokenEvent`` per emitted token, a ``StepEvent`` after every target forward, and a final
+``DoneEvent``. Each step: ask the draft policy for a budget, let the drafter propose within it,
+evaluate the proposal with the target in one forward (logits for the K+1 positions only), accept or
+replace it with ``speculative.verify``, and tell the policy what happened (``StepOutcome``: the
+source that proposed, the counts, the times, and any would-be outcomes the drafter scored). A step
+with nothing drafted is plain target decoding through the same stream (source ``target``).
 
 Between turns the backends' KV caches are kept; the next turn evaluates only what differs from
 what is cached. The engine knows token ids and probabilities, never a library or a widget.
@@ -21,11 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
 from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence,
                               rollback_to_prefix)
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent, Event, FinishReason, StepEvent, TokenEvent, TokenSource
+from chatapp.events import (DoneEvent, Event, FinishReason, PromptEvent, StepEvent, TokenEvent,
+                            TokenSource)
 from chatapp.sampling import SamplingParams, probabilities
 from chatapp.speculative import verify
 from chatapp.stats import StatsRecorder
@@ -84,6 +87,23 @@ class SpeculativeEngine:
         check_compatible(draft, target)
         return cls(target, ModelDrafter(draft))
 
+    @property
+    def target_name(self) -> str:
+        return self.target.name
+
+    @property
+    def drafter_name(self) -> str | None:
+        """The drafter's name, or None when the engine decodes with the target alone."""
+        return self.drafter.name if self.drafter is not None else None
+
+    def close(self) -> None:
+        """Free every model: the drafter's, then the target. The engine is unusable after."""
+        try:
+            if self.drafter is not None:
+                self.drafter.close()
+        finally:
+            self.target.close()
+
     def generate(
         self,
         prompt: Sequence[int],
@@ -119,23 +139,25 @@ class _Turn:
         self.stats = StatsRecorder(prompt_tokens=len(tokens))
         self.text = TextStream()
         self.emitted = 0
+        self.last_k = 0  # the K of the latest step that asked the policy
         self.start = time.perf_counter()
 
     def run(self) -> Iterator[Event]:
-        self._prefill()
+        yield self._prefill()
         step = 0
         while True:
             reason = self._finish_reason_before_step()
             if reason is not None:
                 break
-            k_asked, proposal, draft_s = self._draft()
+            proposal, granted, draft_s = self._draft()
             started = time.perf_counter()
             n_accepted, next_token = self._verify(proposal)
             verify_s = time.perf_counter() - started
             k = len(proposal.tokens)
             verified = len(self.tokens)
             self.stats.record_step(k, n_accepted, draft_s, verify_s)
-            self.policy.observe(k, n_accepted, draft_s, verify_s)
+            self.policy.observe(StepOutcome(proposal.source, k, n_accepted, draft_s, verify_s,
+                                            proposal.scores))
             reason = None
             for token, source in _emitted(proposal.tokens, n_accepted, next_token):
                 if token in self.target.stop_ids:
@@ -146,20 +168,21 @@ class _Turn:
                     reason = FinishReason.LENGTH
                     break
             self._discard_unverified(verified)
-            yield StepEvent(step, k_asked, k, n_accepted, draft_s, verify_s)
+            yield StepEvent(step, granted, k, n_accepted, draft_s, verify_s, proposal.source)
             step += 1
             if reason is not None:
                 break
         yield DoneEvent(reason, self.stats.snapshot(time.perf_counter() - self.start,
                                                     self.target.threads))
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> PromptEvent:
         """Bring both caches up to the prompt minus its last token (fed with the first step)."""
         started = time.perf_counter()
         evaluate_sequence(self.target, self.tokens[:-1], 0)
         if self.drafter is not None:
             self.drafter.prefill(self.tokens[:-1])
         self.stats.prompt_s = time.perf_counter() - started
+        return PromptEvent(len(self.tokens), self.stats.prompt_s)
 
     def _finish_reason_before_step(self) -> FinishReason | None:
         if self.cancel.is_set():
@@ -168,16 +191,26 @@ class _Turn:
             return FinishReason.LENGTH
         return None
 
-    def _draft(self) -> tuple[int, Proposal, float]:
-        """Returns (K asked for by the policy, the proposal, seconds spent drafting)."""
-        asked = self.policy.next_k() if self.drafter is not None else 0
+    def _draft(self) -> tuple[Proposal, int, float]:
+        """The step's proposal (within the policy's budget and the room left; empty when the
+        drafter is not asked), the step's K, and the seconds spent drafting.
+
+        The K is the budget the policy gave the source that proposed, 0 for a plain step; on the
+        reply's last token, where no draft fits, it is the previous step's (the K in force)."""
+        empty = Proposal.empty(self.target.vocab_size)
         room = min(self.settings.max_tokens - self.emitted, self.target.n_ctx - len(self.tokens))
-        k = min(asked, room - 1)
-        if k <= 0:
-            return asked, Proposal.empty(self.target.vocab_size), 0.0
+        if self.drafter is None or room <= 1:
+            return empty, self.last_k if self.drafter is not None else 0, 0.0
+        budget = self.policy.budget()
+        self.last_k = 0
+        if not budget.asks_drafter:
+            return empty, 0, 0.0
         started = time.perf_counter()
-        proposal = self.drafter.propose(self.tokens, k, self.settings.sampling, self.rng)
-        return asked, proposal, time.perf_counter() - started
+        proposal = self.drafter.propose(self.tokens, budget.capped(room - 1),
+                                        self.settings.sampling, self.rng)
+        draft_s = time.perf_counter() - started
+        self.last_k = budget.for_source(proposal.source) if proposal.tokens else 0
+        return proposal, self.last_k, draft_s
 
     def _verify(self, proposal: Proposal) -> tuple[int, int]:
         k = len(proposal.tokens)

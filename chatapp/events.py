@@ -1,7 +1,8 @@
 """The event stream the engine yields; the TUI, the CLI and the bench consume only these.
 
-One ``TokenEvent`` per emitted token, one ``StepEvent`` per target forward (a speculation step, or
-a plain decoding step when K = 0), and a final ``DoneEvent`` with the turn's statistics.
+A ``PromptEvent`` once the prompt is evaluated, one ``TokenEvent`` per emitted token, one
+``StepEvent`` per target forward (a speculation step, or a plain decoding step when nothing was
+drafted), and a final ``DoneEvent`` with the turn's statistics.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ class FinishReason(str, Enum):
 
 
 @dataclass(frozen=True)
+class PromptEvent:
+    """The prompt's ``tokens`` not already cached were evaluated in ``seconds`` (before any reply
+    token)."""
+
+    tokens: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "prompt", **asdict(self)}
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """``text`` is streaming-safe: "" while the token ends inside an incomplete UTF-8 character."""
 
@@ -44,7 +57,8 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """One target forward. ``k`` is the draft length asked for; ``drafted`` what was proposed."""
+    """One target forward. ``source`` proposed ``drafted`` tokens within a budget of ``k``, of
+    which ``accepted`` were accepted; a plain step (nothing drafted) has k = 0 and source ""."""
 
     step: int
     k: int
@@ -52,6 +66,7 @@ class StepEvent:
     accepted: int
     draft_s: float
     verify_s: float
+    source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "step", **asdict(self)}
@@ -67,4 +82,4 @@ class DoneEvent:
                 "stats": self.stats.to_json()}
 
 
-Event = TokenEvent | StepEvent | DoneEvent
+Event = PromptEvent | TokenEvent | StepEvent | DoneEvent

@@ -16,9 +16,10 @@ from pathlib import Path
 from chatapp.backends.base import Backend, ChatMessage
 from chatapp.catalog import resolve_model
 from chatapp.config import Config
-from chatapp.draft_policy import AutoDraftLength, DraftPolicy, FixedDraftLength
-from chatapp.drafting import Drafter
-from chatapp.ngram import DeferredModelDrafter, NgramDrafter, NgramModelDrafter
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength
+from chatapp.drafting import Drafter, ModelDrafter
+from chatapp.ngram import NgramDrafter, NgramModelDrafter
 from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
 from chatapp.history import HistoryStore, StoredMessage
@@ -87,7 +88,7 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     edits, the history-wide suffix index and prompt lookup, no draft model loaded) or
     "ngram+model". The draft model (``draft`` if given, else loaded) is checked against the
     target's vocabulary, and only evaluates anything once it is asked to draft
-    (``DeferredModelDrafter``). ``edits=False`` leaves the speculative edits out (for
+    (a deferred ``ModelDrafter``). ``edits=False`` leaves the speculative edits out (for
     comparisons). ``corpus``: the suffix index over the history (``history_corpus``); without
     it the suffix index covers the open conversation only."""
     if config.drafter in ("ngram", "ngram+model"):
@@ -104,24 +105,18 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
             raise
     else:
         check_compatible(draft, target)
-    model = DeferredModelDrafter(draft)
+    model = ModelDrafter(draft, deferred=True)
     if config.drafter == "ngram+model":
         return NgramModelDrafter(ngram, model)
     return model
 
 
-def make_policy(config: Config, drafter: Drafter | None = None) -> DraftPolicy:
-    """A fixed K, or for draft_length "auto" an ``AutoDraftLength``. Pass the session's drafter
-    (``session.engine.drafter``) so that drafters with several sources (ngram+model) or free
-    look-ahead (ngram) are advised by the policy; without it the policy still works, it just sees
-    one source."""
+def make_policy(config: Config) -> DraftPolicy:
+    """A fixed K, or for draft_length "auto" an ``AutoDraftLength`` (it learns each source of the
+    drafter from what the engine reports)."""
     if config.fixed_draft_length is not None:
         return FixedDraftLength(config.fixed_draft_length)
-    policy = AutoDraftLength()
-    set_advisor = getattr(drafter, "set_advisor", None)
-    if callable(set_advisor):
-        set_advisor(policy)
-    return policy
+    return AutoDraftLength()
 
 
 def generation_settings(config: Config) -> GenerationSettings:

@@ -1,5 +1,4 @@
-"""Drafters besides the plain draft model: prompt lookup (n-gram), n-gram then model, and a model
-drafter that only touches the draft model when it is asked to draft.
+"""Drafters besides the plain draft model: prompt lookup (n-gram), and n-gram then model.
 
 ``NgramDrafter`` (prompt-lookup decoding): the continuation of the most recent earlier occurrence
 of the longest suffix of the context (n-gram sizes ``min_n..max_n``, longest first). It costs no
@@ -11,32 +10,33 @@ not an extension of what it has seen (a new conversation, an edited one).
 
 Because its proposals cost nothing, it can also tell how they would have fared: it replays
 "speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
-reports each would-be step to an ``AutoDraftLength`` (``observe_shadow``), even while the policy
-is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
+returns each would-be step as a ``ShadowScore`` with its next proposal, which the engine passes to
+the policy, even while the policy is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
 one-hot proposal (the target emitted x with probability p(x), which is the acceptance probability),
 so the policy learns the true acceptance rate at K = 0 and switches back on as soon as the text
 starts repeating (code being edited, a quoted passage).
 
-``NgramModelDrafter`` ("ngram+model"): the n-gram proposal when there is a match, else the draft
-model. With an ``AutoDraftLength`` as advisor each source has its own acceptance and cost
-statistics, so on a machine where the draft model does not pay the policy turns the model off and
-keeps the n-gram.
+With ``edits`` (the default) an ``EditTracker`` (``chatapp.edit_drafter``: speculative edits)
+comes first, and with a ``suffix`` source (``chatapp.suffix_drafter``: the history-wide suffix
+index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
+chat's text being written again) even before the edits, unless they are in a confident run. Each
+source is replayed and scored under its own kinds. All are free and one-hot.
 
-``DeferredModelDrafter``: a ``ModelDrafter`` whose ``prefill`` evaluates nothing; the draft model
-catches up on the first proposal (``evaluate_sequence`` feeds whatever it lacks in one batch).
-When the policy decides not to draft, the draft model never evaluates the prompt at all. Its
-cache still never holds tokens that are not in the conversation: ``prefill`` drops whatever the
-new context no longer shares (a new chat, an edited message).
+``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
+draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics per
+source and, on a machine where the draft model does not pay, gives it a budget of 0 while keeping
+the n-gram.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from chatapp.drafting import ModelDrafter, Proposal, one_hot_rows, rollback_to_prefix
+from chatapp.drafting import (MODEL_SOURCE, DraftBudget, ModelDrafter, Proposal, ShadowScore,
+                              one_hot_rows)
 from chatapp.edit_drafter import EDIT_RUN, EditTracker
 from chatapp.sampling import SamplingParams
 from chatapp.suffix_drafter import SuffixSource
@@ -44,17 +44,6 @@ from chatapp.suffix_index import SUFFIX_LONG
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
-MODEL_KIND = "model"
-
-
-class Advisor(Protocol):
-    """What drafters use of ``chatapp.draft_policy.AutoDraftLength``."""
-
-    def advising(self) -> bool: ...
-
-    def k_for(self, kind: str, k: int) -> int: ...
-
-    def observe_shadow(self, kind: str, proposed: int, matched: int) -> None: ...
 
 
 class NgramIndex:
@@ -120,27 +109,30 @@ class NgramIndex:
         return None, 0
 
 
+Search = Callable[[int], tuple[list[int], str]]  # up to k tokens and their kind
+
+
 class ShadowReplay:
     """One source's would-be speculation at every step, replayed over the emitted tokens: at
     ``at`` it would have proposed ``proposal`` (of ``kind``); ``settle`` scores it."""
 
-    def __init__(self, at: int = 0) -> None:
+    def __init__(self, search: Search, lookahead: int, at: int = 0) -> None:
+        self.search = search
+        self.lookahead = lookahead
         self.at = at
         self.proposal: list[int] = []
         self.kind = ""
 
-    def due(self, position: int) -> bool:
-        """True when a would-be step starts at ``position`` and needs its proposal (``start``)."""
-        return position == self.at and not self.proposal
+    def start_if_due(self, position: int) -> None:
+        """Make the would-be proposal of a step starting at ``position``, if one starts there."""
+        if position == self.at and not self.proposal:
+            self.proposal, self.kind = self.search(self.lookahead)
+            if not self.proposal:
+                self.at += 1  # no proposal: that step would have been plain
 
-    def start(self, proposal: list[int], kind: str) -> None:
-        self.proposal, self.kind = proposal, kind
-        if not proposal:
-            self.at += 1  # no proposal: that step would have been plain
-
-    def settle(self, tokens: Sequence[int], advisor: Advisor) -> tuple[int, int] | None:
-        """Report the pending proposal to ``advisor`` once the emitted ``tokens`` decide it;
-        returns (proposed, matched) when reported, None while undecided or idle."""
+    def settle(self, tokens: Sequence[int]) -> ShadowScore | None:
+        """The pending proposal's score once the emitted ``tokens`` decide it; None while
+        undecided or idle."""
         proposal, start = self.proposal, self.at
         if not proposal:
             return None
@@ -150,87 +142,84 @@ class ShadowReplay:
             matched += 1
         if matched < len(proposal) and matched == known:
             return None  # every emitted token so far matched; wait for more
-        advisor.observe_shadow(self.kind, len(proposal), matched)
         self.at = start + matched + 1  # the target's own token follows the accepted ones
         self.proposal = []
-        return len(proposal), matched
+        return ShadowScore(self.kind, len(proposal), matched)
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``.
-
-    With ``edits`` (the default) an ``EditTracker`` comes first: while the reply follows a
-    source it is rewriting, its proposal (up to ``k`` tokens) is used; then a ``suffix``
-    source (the history-wide index, if given) when it is confident; the n-gram lookup
-    otherwise. A "suffix-long" proposal (a long match, e.g. an earlier chat's reply being
-    written again) comes before the edits unless the edits are in a confident run. Each source is replayed for the advisor under its own kinds (``lookahead``
-    tokens for the lookup, ``edit_lookahead`` for the edits, ``suffix_lookahead`` for the
-    suffix index)."""
+    """Prompt lookup, speculative edits and the suffix index; see the module docstring.
+    Implements ``Drafter``. Each source is replayed for the policy's shadow scores with its own
+    look-ahead (``lookahead`` tokens for the lookup, ``edit_lookahead`` for the edits,
+    ``suffix_lookahead`` for the suffix index)."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
-                 advisor: Advisor | None = None, kind: str = NGRAM_KIND,
-                 kind_by_context: bool = True, edits: bool = True,
+                 kind: str = NGRAM_KIND, kind_by_context: bool = True, edits: bool = True,
                  edit_lookahead: int = 16, suffix: SuffixSource | None = None,
                  suffix_lookahead: int = 16) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
         self.lookahead = lookahead
-        self.edit_lookahead = edit_lookahead
-        self.suffix = suffix
-        self.suffix_lookahead = suffix_lookahead
-        self.advisor = advisor
         self.kind = kind
         self.kind_by_context = kind_by_context
         self.edits = edits
+        self.edit_lookahead = edit_lookahead
+        self.suffix = suffix
+        self.suffix_lookahead = suffix_lookahead
         self._index = NgramIndex(min_n, max_n)
         self._tracker = EditTracker() if edits else None
         self._seen: Any = None  # the context object last synced (the engine appends to it)
-        self._shadow = ShadowReplay()  # the n-gram lookup's would-be speculation
-        self._edit_shadow = ShadowReplay()  # the edit tracker's
-        self._suffix_shadow = ShadowReplay()  # the suffix index's
-        self._streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
+        self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
+        self._scores: list[ShadowScore] = []  # settled since the last proposal
+        self._replays = self._new_replays(0)
 
     @property
     def name(self) -> str:
         return "ngram"
 
-    def set_advisor(self, advisor: Advisor | None) -> None:
-        self.advisor = advisor
-
     def prefill(self, context: Sequence[int]) -> None:
-        self.sync(context, report=False)
+        self.sync(context, score=False)
         if self._tracker is not None:
             self._tracker.forget_substitutions()  # a new reply: its own edits
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
-        """Nothing: the index holds emitted tokens only, never drafts."""
+        """Nothing: the sources hold emitted tokens only, never drafts."""
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        """Nothing to free: no model."""
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        advisor = self._active_advisor()
-        self.sync(context, report=advisor is not None)
-        tokens, _ = self.choose(k, advisor)
-        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size))
+        self.sync(context, score=True)
+        return self.proposal(*self.choose(budget))
 
-    def choose(self, k: int, advisor: Advisor | None) -> tuple[list[int], str]:
-        """The proposal to draft after the last ``sync`` and its kind: the first source (edits,
-        then the lookup) with a proposal that ``advisor`` (if any) gives a K > 0, cut to it."""
-        for tokens, kind in self._candidates(k):
-            if advisor is not None:
-                tokens = tokens[:advisor.k_for(kind, len(tokens))]
+    def choose(self, budget: DraftBudget) -> tuple[list[int], str]:
+        """The proposal to draft after the last ``sync`` and its kind: the first source (see the
+        module docstring for the order) with a proposal and a budget above 0, cut to it."""
+        for tokens, kind in self._candidates(budget.most):
+            tokens = tokens[:budget.for_source(kind)]
             if tokens:
                 return tokens, kind
         return [], self.kind
 
+    def proposal(self, tokens: list[int], kind: str) -> Proposal:
+        """``tokens`` (from ``search``) as a one-hot proposal of ``kind``, with the shadow scores
+        settled since the last proposal."""
+        scores = tuple(self._scores)
+        self._scores.clear()
+        if not tokens:
+            return Proposal.empty(self.vocab_size, scores)
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind, scores)
+
     def search(self, k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens continuing the context of the last ``sync``, and their kind: the
-        edit tracker's proposal if it has one, else the n-gram lookup's (``lookup``)."""
-        return next(iter(self._candidates(k)), ([], self.kind))
+        """Up to ``k`` tokens continuing the context of the last ``sync`` from the first source
+        that has a proposal, and their kind."""
+        return next(self._candidates(k), ([], self.kind))
 
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
-        suffix = self.suffix.propose(self._index.tokens, k) if self.suffix is not None else ([], "")
-        edit = self._tracker.propose(k) if self._tracker is not None else ([], "")
+        suffix = self.suffix_search(k)
+        edit = self._edit_search(k)
         first = suffix[1] == SUFFIX_LONG and edit[1] != EDIT_RUN  # else the edits come first
         for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
             if tokens:
@@ -238,6 +227,18 @@ class NgramDrafter:
         tokens, kind = self.lookup(k)
         if tokens:
             yield tokens, kind
+
+    def _edit_search(self, k: int) -> tuple[list[int], str]:
+        """The edit tracker's proposal (none without ``edits``)."""
+        if self._tracker is None:
+            return [], ""
+        return self._tracker.propose(k)
+
+    def suffix_search(self, k: int) -> tuple[list[int], str]:
+        """The suffix index's proposal (none without a ``suffix`` source)."""
+        if self.suffix is None:
+            return [], ""
+        return self.suffix.propose(self._index.tokens, k)
 
     def lookup(self, k: int) -> tuple[list[int], str]:
         """Up to ``k`` tokens of n-gram lookup, and their kind.
@@ -257,10 +258,10 @@ class NgramDrafter:
             return self.kind
         return f"{self.kind}-{'long' if n >= LONG_MATCH else 'short'}-{self._streak}"
 
-    def sync(self, context: Sequence[int], report: bool) -> None:
-        """Index the tokens of ``context`` not seen yet (rebuild if it is not an extension);
-        with ``report``, tell the advisor how replayed speculation of each source fared on
-        them."""
+    def sync(self, context: Sequence[int], score: bool) -> None:
+        """Feed every source the tokens of ``context`` not seen yet (start over if it is not an
+        extension); with ``score``, replay each source's speculation over them and keep how it
+        would have fared for the next proposal's ``scores``."""
         index = self._index
         known = len(index)
         extends = len(context) >= known and (
@@ -269,74 +270,64 @@ class NgramDrafter:
         if not extends:
             self._index = index = NgramIndex(self.min_n, self.max_n)
             self._tracker = EditTracker() if self.edits else None
-            self._shadow, self._edit_shadow = ShadowReplay(), ShadowReplay()
-            self._suffix_shadow = ShadowReplay()
+            self._replays = self._new_replays(0)
             known = 0
         if known == 0 and self.suffix is not None:
             self.suffix.reset()  # the context is the open chat's whole text
         self._seen = context
-        advisor = self.advisor if report else None
-        tracker, shadow, edit_shadow = self._tracker, self._shadow, self._edit_shadow
-        suffix, suffix_shadow = self.suffix, self._suffix_shadow
+        tracker, suffix, replays = self._tracker, self.suffix, self._replays
         for position in range(known, len(context)):
-            if advisor is not None:
-                if shadow.due(position):
-                    shadow.start(*self.lookup(self.lookahead))
-                if tracker is not None and edit_shadow.due(position):
-                    edit_shadow.start(*tracker.propose(self.edit_lookahead))
-                if suffix is not None and suffix_shadow.due(position):
-                    suffix_shadow.start(*suffix.propose(index.tokens, self.suffix_lookahead))
+            if score:
+                for replay in replays:
+                    replay.start_if_due(position)
             token = context[position]
             index.append(token)
             if tracker is not None:
                 tracker.append(token)
             if suffix is not None:
                 suffix.append(token)
-            if advisor is not None:
-                scored = shadow.settle(index.tokens, advisor)
-                if scored is not None:
-                    proposed, matched = scored
-                    self._streak = ("hot" if matched == proposed
-                                    else ("warm" if matched else "cold"))
-                edit_shadow.settle(index.tokens, advisor)
-                suffix_shadow.settle(index.tokens, advisor)
-        if not report:  # nothing replayed: start replaying from here next time
-            self._shadow, self._edit_shadow = ShadowReplay(len(index)), ShadowReplay(len(index))
-            self._suffix_shadow = ShadowReplay(len(index))
+            if score:
+                self._settle(replays)
+        if not score:  # nothing replayed: start replaying from here next time
+            self._replays = self._new_replays(len(index))
 
-    def _active_advisor(self) -> Advisor | None:
-        advisor = self.advisor
-        return advisor if advisor is not None and advisor.advising() else None
+    def _settle(self, replays: list[ShadowReplay]) -> None:
+        """Keep the scores the latest token decided; the lookup's (the first) sets the streak."""
+        for replay in replays:
+            scored = replay.settle(self._index.tokens)
+            if scored is None:
+                continue
+            self._scores.append(scored)
+            if replay is replays[0]:
+                self._streak = ("hot" if scored.matched == scored.proposed
+                                else ("warm" if scored.matched else "cold"))
+
+    def _new_replays(self, at: int) -> list[ShadowReplay]:
+        """A replay per source, from position ``at``: the lookup, the edits, the suffix index."""
+        replays = [ShadowReplay(self.lookup, self.lookahead, at)]
+        if self.edits:
+            replays.append(ShadowReplay(self._edit_search, self.edit_lookahead, at))
+        if self.suffix is not None:
+            replays.append(ShadowReplay(self.suffix_search, self.suffix_lookahead, at))
+        return replays
 
 
 class NgramModelDrafter:
     """"ngram+model": the n-gram proposal when there is one, else the draft model.
 
-    With ``fill``, an n-gram proposal shorter than ``k`` is topped up by the model, drafting after
-    the n-gram tokens. With an advisor, each source gets the K the advisor gives it (``k_for``),
-    which may be 0; the model is used when the n-gram proposes nothing.
+    Each source drafts within its own budget, which may be 0; the model drafts when the n-gram
+    proposes nothing. With ``fill``, an n-gram proposal shorter than the largest budget is topped
+    up by the model, drafting after the n-gram tokens.
     """
 
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False,
-                 advisor: Advisor | None = None) -> None:
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False) -> None:
         self.ngram = ngram
         self.model = model
         self.fill = fill
-        self.advisor = advisor
-        ngram.set_advisor(advisor)
 
     @property
     def name(self) -> str:
         return f"ngram+{self.model.name}"
-
-    @property
-    def backend(self) -> Any:
-        """The draft model's backend (the one with weights to free)."""
-        return self.model.backend
-
-    def set_advisor(self, advisor: Advisor | None) -> None:
-        self.advisor = advisor
-        self.ngram.set_advisor(advisor)
 
     def prefill(self, context: Sequence[int]) -> None:
         self.ngram.prefill(context)
@@ -345,26 +336,24 @@ class NgramModelDrafter:
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.model.rollback(context, verified)
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        self.model.close()
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        advisor = self.advisor if self.advisor is not None and self.advisor.advising() else None
-        self.ngram.sync(context, report=advisor is not None)
-        tokens, _ = self.ngram.choose(k, advisor)
-        if tokens:
-            probs = one_hot_rows(tokens, self.ngram.vocab_size)
-            if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
-                return Proposal(tokens, probs)
-            more = self.model.propose(list(context) + tokens, k - len(tokens), params, rng)
-            return Proposal(tokens + more.tokens, np.concatenate([probs, more.probs]))
-        m = advisor.k_for(MODEL_KIND, k) if advisor is not None else k
-        if m <= 0:
-            return Proposal.empty(self.ngram.vocab_size)
-        return self.model.propose(context, m, params, rng)
+        self.ngram.sync(context, score=True)
+        proposal = self.ngram.proposal(*self.ngram.choose(budget))
+        if proposal.tokens:
+            return self._filled(context, proposal, budget.most, params, rng)
+        drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
+        return Proposal(drafted.tokens, drafted.probs, drafted.source, proposal.scores)
 
-
-class DeferredModelDrafter(ModelDrafter):
-    """A ``ModelDrafter`` that leaves the draft model alone until it is asked to draft."""
-
-    def prefill(self, context: Sequence[int]) -> None:
-        """Drop cached tokens ``context`` does not share; ``propose`` feeds the rest when needed."""
-        rollback_to_prefix(self.backend, context)
+    def _filled(self, context: Sequence[int], proposal: Proposal, k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """With ``fill``, ``proposal`` topped up to ``k`` tokens by the model."""
+        tokens = proposal.tokens
+        if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
+            return proposal
+        more = self.model.draft(list(context) + tokens, k - len(tokens), params, rng)
+        return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
+                        proposal.source, proposal.scores)

@@ -22,7 +22,7 @@ from platformdirs import user_state_dir
 
 from chatapp.catalog import private_dir
 from chatapp.config import Config, write_atomically
-from chatapp.draft_policy import AutoDraftLength
+from chatapp.auto_policy import AutoDraftLength
 
 
 def memory_path(config: Config) -> Path:

@@ -9,13 +9,26 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from chatapp.auto_policy import AutoDraftLength
 from chatapp.config import Config
-from chatapp.draft_policy import AutoDraftLength, FixedDraftLength, VerifyCostModel
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
+from chatapp.drafting import MODEL_SOURCE, ShadowScore
 from chatapp.loader import make_policy
-from chatapp.ngram import NgramDrafter
+from chatapp.verify_cost import VerifyCostModel
 
 # verify(n) on the 2-core CPU of MODELS.md, in seconds: 46 ms for 1, 121 for 4, 144 for 6
 CPU_VERIFY = {1: .046, 2: .075, 3: .100, 4: .121, 5: .133, 6: .144, 7: .155, 8: .165, 9: .175}
+
+
+def asked(policy: DraftPolicy, source: str = MODEL_SOURCE) -> int:
+    """The K the policy's budget gives ``source`` this step."""
+    return policy.budget().for_source(source)
+
+
+def report(policy: DraftPolicy, k: int, accepted: int, draft_s: float, verify_s: float,
+           source: str = MODEL_SOURCE, scores: tuple[ShadowScore, ...] = ()) -> None:
+    """What the engine tells the policy after a step where ``source`` drafted ``k`` tokens."""
+    policy.observe(StepOutcome(source if k else "", k, accepted, draft_s, verify_s, scores))
 
 
 def simulate(policy: AutoDraftLength, steps: int, verify: Callable[[int], float],
@@ -27,14 +40,14 @@ def simulate(policy: AutoDraftLength, steps: int, verify: Callable[[int], float]
     """
     ks = []
     for step in range(steps):
-        k = policy.next_k()
+        k = asked(policy)
         a = acceptance(step)
         accepted = 0
         while accepted < k and rng.random() < a:
             accepted += 1
         draft_s = k * draft_per_token * (1 + noise * abs(rng.standard_normal()))
         verify_s = verify(k + 1) * (1 + noise * abs(rng.standard_normal()))
-        policy.observe(k, accepted, draft_s, verify_s)
+        report(policy, k, accepted, draft_s, verify_s)
         ks.append(k)
     return ks
 
@@ -102,12 +115,12 @@ def test_beats_every_fixed_k_within_noise() -> None:
         rng = np.random.default_rng(seed)
         tokens, seconds = 0, 0.0
         for _ in range(400):
-            k = policy.next_k()  # type: ignore[attr-defined]
+            k = asked(policy)  # type: ignore[arg-type]
             accepted = 0
             while accepted < k and rng.random() < acceptance:
                 accepted += 1
             d, v = k * draft, CPU_VERIFY[k + 1]
-            policy.observe(k, accepted, d, v)  # type: ignore[attr-defined]
+            report(policy, k, accepted, d, v)  # type: ignore[arg-type]
             tokens += accepted + 1
             seconds += d + v
         return tokens / seconds
@@ -144,7 +157,7 @@ def test_per_position_acceptance_is_measured_not_assumed_iid() -> None:
     for _ in range(300):
         k = 6
         accepted = 6 if rng.random() < 0.5 else 0
-        policy.observe(k, accepted, 0.0, cheap(k + 1))
+        report(policy, k, accepted, 0.0, cheap(k + 1))
     a = policy.acceptance()
     assert a[0] == pytest.approx(0.5, abs=0.2)
     assert min(a[1:6]) > 0.9
@@ -155,20 +168,20 @@ def test_per_position_acceptance_is_measured_not_assumed_iid() -> None:
 
 def test_explores_first_then_decides() -> None:
     policy = AutoDraftLength(explore_steps=3, explore_k=3)
-    assert policy.next_k() == 3
+    assert asked(policy) == 3
     assert policy.label == "auto(3)"
     for _ in range(3):
-        policy.observe(3, 0, 3 * 0.028, steep(4))
-        policy.next_k()
+        report(policy, 3, 0, 3 * 0.028, steep(4))
+        asked(policy)
     # after exploring it times plain decoding once, the baseline
-    assert policy.next_k() == 0
+    assert asked(policy) == 0
 
 
 def test_max_k_zero_is_plain_decoding() -> None:
     policy = AutoDraftLength(max_k=0)
     for _ in range(5):
-        assert policy.next_k() == 0
-        policy.observe(0, 0, 0.0, 0.05)
+        assert asked(policy) == 0
+        report(policy, 0, 0, 0.0, 0.05)
 
 
 def test_label_is_safe_to_read_from_another_thread() -> None:
@@ -191,23 +204,20 @@ def test_label_is_safe_to_read_from_another_thread() -> None:
 
 
 def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:
-    # A drafter that can score its proposals for free reports them; the policy keeps consulting
-    # it at K = 0 (next_k > 0, k_for 0) and drafts again as soon as its proposals match.
+    # A drafter that can score its proposals for free sends the scores with its proposals; the
+    # policy keeps consulting it at K = 0 (budget 0, consult set) and drafts again as soon as its
+    # proposals match.
     policy = AutoDraftLength(explore_steps=0)
     for _ in range(40):
-        assert policy.next_k() >= 0
-        policy.observe_shadow("ngram", 8, 0)
-        k = policy.k_for("ngram", 8)
-        policy.observe(k, 0, 0.0, CPU_VERIFY[k + 1])
+        k = min(asked(policy, "ngram"), 8)
+        report(policy, k, 0, 0.0, CPU_VERIFY[k + 1], "ngram", (ShadowScore("ngram", 8, 0),))
     assert policy.current_k("ngram") == 0
-    assert policy.next_k() > 0  # still consulted
-    assert policy.k_for("ngram", 8) == 0
-    policy.observe(0, 0, 0.0, CPU_VERIFY[1])
+    budget = policy.budget()
+    assert budget.consult and budget.for_source("ngram") == 0  # still consulted, not drafting
+    report(policy, 0, 0, 0.0, CPU_VERIFY[1])
     for _ in range(8):
-        policy.next_k()
-        policy.observe_shadow("ngram", 8, 8)
-        k = policy.k_for("ngram", 8)
-        policy.observe(k, k, 0.0, CPU_VERIFY[k + 1])
+        k = min(asked(policy, "ngram"), 8)
+        report(policy, k, k, 0.0, CPU_VERIFY[k + 1], "ngram", (ShadowScore("ngram", 8, 8),))
     assert policy.current_k("ngram") >= 4
 
 
@@ -216,15 +226,14 @@ def test_kinds_keep_their_own_statistics() -> None:
     policy = AutoDraftLength()
     rng = np.random.default_rng(8)
     for step in range(300):
-        policy.next_k()
         kind = "ngram" if step % 2 else "model"
-        k = policy.k_for(kind, 8)
+        k = min(asked(policy, kind), 8)
         a = 0.9 if kind == "ngram" else 0.6
         accepted = 0
         while accepted < k and rng.random() < a:
             accepted += 1
         cost = 0.028 if kind == "model" else 0.00005
-        policy.observe(k, accepted, k * cost, CPU_VERIFY[k + 1])
+        report(policy, k, accepted, k * cost, CPU_VERIFY[k + 1], kind)
     assert policy.current_k("model") == 0
     assert policy.current_k("ngram") >= 3
 
@@ -250,13 +259,10 @@ def test_verify_cost_extrapolates_from_few_observations() -> None:
     assert predicted[5] == pytest.approx(0.144, rel=0.15)  # the measured 6-token cost
 
 
-def test_make_policy_wires_auto_and_advises_drafters() -> None:
+def test_make_policy_builds_the_configured_policy() -> None:
     assert isinstance(make_policy(Config(draft_length="3")), FixedDraftLength)
-    assert make_policy(Config(draft_length="0")).next_k() == 0
-    drafter = NgramDrafter(vocab_size=50)
-    policy = make_policy(Config(draft_length="auto"), drafter)
-    assert isinstance(policy, AutoDraftLength)
-    assert drafter.advisor is policy
+    assert asked(make_policy(Config(draft_length="3"))) == 3
+    assert not make_policy(Config(draft_length="0")).budget().asks_drafter
     assert isinstance(make_policy(Config(draft_length="auto")), AutoDraftLength)
 
 
@@ -293,10 +299,15 @@ def test_what_was_learnt_weighs_little_against_new_timings() -> None:
     assert resumed.current_k() >= 4
     # The drafts stopped matching (another kind of text): the resumed policy follows quickly,
     # faster than the run that measured it, which has 500 steps of evidence to unlearn.
-    ks = simulate(resumed, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
-    assert resumed.current_k() <= 1 and max(ks[-15:]) <= 1
-    ks = simulate(first, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
-    assert max(ks[-15:]) >= 3
+    resumed_ks = simulate(resumed, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
+    assert resumed.current_k() <= 1 and max(resumed_ks[-15:]) <= 1
+    first_ks = simulate(first, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
+    assert settled_at(resumed_ks) <= settled_at(first_ks)
+
+
+def settled_at(ks: list[int]) -> int:
+    """The first step from which every K is at most 1."""
+    return next(i for i in range(len(ks) + 1) if all(k <= 1 for k in ks[i:]))
 
 
 @pytest.mark.parametrize("damage", [
@@ -304,9 +315,9 @@ def test_what_was_learnt_weighs_little_against_new_timings() -> None:
     lambda d: d.update(max_k=4),
     lambda d: d["verify"].update(mean=[1.0, 2.0]),
     lambda d: d["verify"]["weight"].__setitem__(1, -1.0),
-    lambda d: d["arms"]["default"].update(accepted=[5.0], verified=[1.0]),
-    lambda d: d["arms"]["default"].update(costs=[float("nan")]),
-    lambda d: d["arms"]["default"].pop("catchup"),
+    lambda d: d["arms"]["model"].update(accepted=[5.0], verified=[1.0]),
+    lambda d: d["arms"]["model"].update(costs=[float("nan")]),
+    lambda d: d["arms"]["model"].pop("catchup"),
 ])
 def test_damaged_learnt_data_is_refused_and_changes_nothing(damage) -> None:
     first = AutoDraftLength()

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import FixedDraftLength
 from chatapp.edit_drafter import EditDrafter, EditTracker
+from chatapp.drafting import DraftBudget
 from chatapp.engine import SpeculativeEngine
 from chatapp.ngram import NgramDrafter, NgramIndex
 from chatapp.sampling import SamplingParams
@@ -187,7 +189,7 @@ def test_proposals_are_valid_one_hot_tokens_of_the_context() -> None:
             start = int(rng.integers(0, len(context)))
             context.extend(context[start:start + int(rng.integers(1, 12))])
         context.append(int(rng.integers(0, 12)))
-        proposal = drafter.propose(context, 8, GREEDY, np.random.default_rng(0))
+        proposal = drafter.propose(context, DraftBudget.uniform(8), GREEDY, np.random.default_rng(0))
         assert len(proposal.tokens) <= 8
         assert all(0 <= t < 12 and t in context for t in proposal.tokens)
         assert proposal.probs.shape == (len(proposal.tokens), 12)
@@ -199,9 +201,9 @@ def test_proposals_are_valid_one_hot_tokens_of_the_context() -> None:
 
 def test_a_new_conversation_starts_over() -> None:
     drafter = EditDrafter(vocab_size=20)
-    assert drafter.propose([1, 2, 3, 4, 5, 1, 2, 3], 2, GREEDY, np.random.default_rng(0)
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 2, 3], DraftBudget.uniform(2), GREEDY, np.random.default_rng(0)
                            ).tokens == [4, 5]
-    assert drafter.propose([7, 8, 9, 6, 7, 8, 9], 2, GREEDY, np.random.default_rng(0)
+    assert drafter.propose([7, 8, 9, 6, 7, 8, 9], DraftBudget.uniform(2), GREEDY, np.random.default_rng(0)
                            ).tokens == [6, 7]
 
 
@@ -239,7 +241,6 @@ def test_default_drafter_with_auto_policy_keeps_greedy_output() -> None:
     prompt, reply = _edit_prompt(200)
     drafter = NgramDrafter(FakeBackend().vocab_size)
     policy = AutoDraftLength()
-    drafter.set_advisor(policy)
     engine = SpeculativeEngine(FakeBackend(delay_s=0.001), drafter)
     for _ in range(2):
         out, done = _run(engine, prompt, policy, 200)

@@ -8,12 +8,12 @@ import pytest
 import chatapp.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.config import Config
-from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
-from chatapp.drafting import ModelDrafter
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import FixedDraftLength
+from chatapp.drafting import DraftBudget, ModelDrafter, one_hot_rows
 from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, TokenEvent
-from chatapp.ngram import (DeferredModelDrafter, NgramDrafter, NgramIndex, NgramModelDrafter,
-                           one_hot_rows)
+from chatapp.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.ngram import NgramDrafter, NgramIndex, NgramModelDrafter
 from chatapp.sampling import SamplingParams
 from tests.stat_tools import fits
 
@@ -57,7 +57,7 @@ def test_min_n_ignores_short_matches() -> None:
 
 def test_proposal_rows_are_one_hot() -> None:
     drafter = NgramDrafter(vocab_size=20)
-    proposal = drafter.propose([1, 2, 3, 1, 2], 4, GREEDY, RNG)
+    proposal = drafter.propose([1, 2, 3, 1, 2], DraftBudget.uniform(4), GREEDY, RNG)
     assert proposal.tokens == [3, 1, 2, 3]
     assert proposal.probs.shape == (4, 20) and proposal.probs.dtype == np.float64
     assert np.array_equal(proposal.probs.sum(axis=1), np.ones(4))
@@ -69,13 +69,13 @@ def test_index_follows_a_growing_context_and_rebuilds_for_another() -> None:
     drafter = NgramDrafter(vocab_size=20)
     context = [1, 2, 3, 4]
     drafter.prefill(context[:-1])
-    assert drafter.propose(context, 3, GREEDY, RNG).tokens == []
+    assert drafter.propose(context, DraftBudget.uniform(3), GREEDY, RNG).tokens == []
     context += [1, 2]  # the engine appends to the same list
-    assert drafter.propose(context, 3, GREEDY, RNG).tokens == [3, 4, 1]
+    assert drafter.propose(context, DraftBudget.uniform(3), GREEDY, RNG).tokens == [3, 4, 1]
     other = [7, 8, 9, 7]  # a different conversation: not an extension
-    assert drafter.propose(other, 2, GREEDY, RNG).tokens == [8, 9]
+    assert drafter.propose(other, DraftBudget.uniform(2), GREEDY, RNG).tokens == [8, 9]
     edited = [1, 2, 3, 4, 1, 5, 1]  # shares a prefix, then differs
-    assert drafter.propose(edited, 1, GREEDY, RNG).tokens == [5]
+    assert drafter.propose(edited, DraftBudget.uniform(1), GREEDY, RNG).tokens == [5]
 
 
 def test_incremental_index_equals_a_fresh_one() -> None:
@@ -85,7 +85,7 @@ def test_incremental_index_equals_a_fresh_one() -> None:
     context: list[int] = []
     for token in tokens:
         context.append(int(token))
-        got = drafter.propose(context, 5, GREEDY, RNG).tokens
+        got = drafter.propose(context, DraftBudget.uniform(5), GREEDY, RNG).tokens
         assert got == index_of(context).lookup(5)
 
 
@@ -114,8 +114,6 @@ def test_greedy_output_equals_target_only(policy_factory) -> None:
     reference, _ = _run(SpeculativeEngine(FakeBackend()), PROMPT, FixedDraftLength(0), 300)
     drafter = NgramDrafter(FakeBackend().vocab_size)
     policy = policy_factory()
-    if isinstance(policy, AutoDraftLength):
-        drafter.set_advisor(policy)
     target = FakeBackend(delay_s=0.001)
     out, done = _run(SpeculativeEngine(target, drafter), PROMPT, policy, 300)
     assert out == reference
@@ -127,13 +125,12 @@ def test_greedy_output_equals_target_only(policy_factory) -> None:
 def test_ngram_plus_model_greedy_output_equals_target_only(fill: bool) -> None:
     reference, _ = _run(SpeculativeEngine(FakeBackend()), PROMPT, FixedDraftLength(0))
     drafter = NgramModelDrafter(NgramDrafter(FakeBackend().vocab_size),
-                                DeferredModelDrafter(FakeBackend(noise=1.0)), fill=fill)
+                                ModelDrafter(FakeBackend(noise=1.0), deferred=True), fill=fill)
     out, done = _run(SpeculativeEngine(FakeBackend(), drafter), PROMPT, FixedDraftLength(3))
     assert out == reference
     assert done.stats.drafted > 0
-    # and advised by an auto policy, across two turns
+    # and with an auto policy, across two turns
     policy = AutoDraftLength()
-    drafter.set_advisor(policy)
     engine = SpeculativeEngine(FakeBackend(), drafter)
     for _ in range(2):
         out, _ = _run(engine, PROMPT, policy)
@@ -143,16 +140,16 @@ def test_ngram_plus_model_greedy_output_equals_target_only(fill: bool) -> None:
 def test_ngram_plus_model_uses_the_model_when_there_is_no_match() -> None:
     model = ModelDrafter(FakeBackend(noise=1.0))
     drafter = NgramModelDrafter(NgramDrafter(FakeBackend().vocab_size), model)
-    proposal = drafter.propose([1, 2, 3, 4], 3, GREEDY, RNG)
+    proposal = drafter.propose([1, 2, 3, 4], DraftBudget.uniform(3), GREEDY, RNG)
     assert len(proposal.tokens) == 3  # from the model
-    proposal = drafter.propose([1, 2, 3, 1, 2], 3, GREEDY, RNG)
+    proposal = drafter.propose([1, 2, 3, 1, 2], DraftBudget.uniform(3), GREEDY, RNG)
     assert proposal.tokens == [3, 1, 2]  # from the n-gram
     assert np.array_equal(proposal.probs, one_hot_rows([3, 1, 2], FakeBackend().vocab_size))
 
 
 def test_deferred_drafter_touches_the_draft_model_only_when_drafting() -> None:
     draft = FakeBackend(noise=1.0)
-    engine = SpeculativeEngine(FakeBackend(), DeferredModelDrafter(draft))
+    engine = SpeculativeEngine(FakeBackend(), ModelDrafter(draft, deferred=True))
     _run(engine, PROMPT, FixedDraftLength(0), max_tokens=10)
     assert draft.evaluate_calls == []
     _run(engine, PROMPT, FixedDraftLength(2), max_tokens=10)
@@ -161,7 +158,7 @@ def test_deferred_drafter_touches_the_draft_model_only_when_drafting() -> None:
 
 def test_deferred_drafter_drops_stale_tokens_when_the_conversation_changes() -> None:
     draft = FakeBackend(noise=1.0)
-    engine = SpeculativeEngine(FakeBackend(), DeferredModelDrafter(draft))
+    engine = SpeculativeEngine(FakeBackend(), ModelDrafter(draft, deferred=True))
     _run(engine, PROMPT, FixedDraftLength(2), max_tokens=10)
     assert len(draft.cached_tokens) > len(PROMPT)
     other_chat = [PROMPT[0] + 1] + list(PROMPT[1:])
@@ -170,29 +167,19 @@ def test_deferred_drafter_drops_stale_tokens_when_the_conversation_changes() -> 
 
 
 def test_shadow_scoring_reports_would_be_acceptance() -> None:
-    class Recorder:
-        def __init__(self) -> None:
-            self.reports: list[tuple[int, int]] = []
-
-        def advising(self) -> bool:
-            return True
-
-        def k_for(self, kind: str, k: int) -> int:
-            return 0
-
-        def observe_shadow(self, kind: str, proposed: int, matched: int) -> None:
-            self.reports.append((proposed, matched))
-
-    recorder = Recorder()
-    drafter = NgramDrafter(vocab_size=20, lookahead=3, advisor=recorder, edits=False)
+    drafter = NgramDrafter(vocab_size=20, lookahead=3, kind_by_context=False, edits=False)
     context = [1, 2, 3, 4, 9]
     drafter.prefill(context)
     # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...
     context += [1, 2, 3, 4, 5, 1, 2, 7]
-    assert drafter.propose(context, 3, GREEDY, RNG).tokens == []  # k_for said 0
+    proposal = drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG)
+    assert proposal.tokens == []  # a budget of 0: consulted for its scores only
     # at "9 1": lookup of "1" gives 2 3 4 -> all matched (3/3); 5 is the target's token;
     # at "...5 1": lookup "5 1"? no; "1" -> most recent continuation 2 3 4: 2 matches, 7 not.
-    assert recorder.reports == [(3, 3), (3, 1)]
+    assert [(s.source, s.proposed, s.matched) for s in proposal.scores] == [
+        ("ngram", 3, 3), ("ngram", 3, 1)]
+    # each score is handed over once
+    assert drafter.propose(context, DraftBudget.uniform(0), GREEDY, RNG).scores == ()
 
 
 def test_make_drafter_ngram_does_not_load_a_draft_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,9 +194,10 @@ def test_make_drafter_ngram_does_not_load_a_draft_model(monkeypatch: pytest.Monk
 def test_make_drafter_model_kinds() -> None:
     target, draft = FakeBackend(), FakeBackend(noise=1.0)
     model = loader.make_drafter(Config(drafter="model"), target, draft=draft)
-    assert isinstance(model, DeferredModelDrafter) and model.backend is draft
+    assert isinstance(model, ModelDrafter) and model.deferred and model.backend is draft
     both = loader.make_drafter(Config(drafter="ngram+model"), target, draft=draft)
-    assert isinstance(both, NgramModelDrafter) and both.backend is draft
+    assert isinstance(both, NgramModelDrafter) and both.model.backend is draft
+    assert both.model.deferred
 
 
 def test_first_token_distribution_matches_target_only_when_sampling() -> None:
@@ -227,30 +215,33 @@ def test_first_token_distribution_matches_target_only_when_sampling() -> None:
     counts = np.zeros(target.vocab_size)
     accepted = 0
     for seed in range(samples):
-        out, done = _run(engine, prompt, FixedDraftLength(3), max_tokens=2, sampling=sampling,
+        out, done = _run(engine, prompt, FixedDraftLength(3), max_tokens=4, sampling=sampling,
                          seed=seed)
         counts[out[0]] += 1
         accepted += done.stats.accepted > 0
+        assert done.stats.drafted >= 3  # the first step really drafted K = 3
     assert 0 < accepted < samples
     assert fits(counts, p)
 
 
-def test_specchat_run_lets_the_auto_policy_advise_the_drafter(
+def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from chatapp.cli import main
     from chatapp.session import ChatSession
 
-    advisors = []
+    policies: list[AutoDraftLength] = []
 
-    class RecordingNgram(NgramDrafter):
-        def set_advisor(self, advisor) -> None:
-            advisors.append(advisor)
-            super().set_advisor(advisor)
+    def recording_policy(config: Config) -> AutoDraftLength:
+        policies.append(AutoDraftLength())
+        return policies[-1]
 
     def fake_session(config, progress, with_draft=True):
-        engine = SpeculativeEngine(FakeBackend(), RecordingNgram(FakeBackend().vocab_size))
-        return ChatSession(engine, GenerationSettings(max_tokens=5), seed=0)
+        engine = SpeculativeEngine(FakeBackend(), NgramDrafter(FakeBackend().vocab_size))
+        return ChatSession(engine, GenerationSettings(max_tokens=200), seed=0)
 
     monkeypatch.setattr(loader, "build_session", fake_session)
+    monkeypatch.setattr(loader, "make_policy", recording_policy)
     assert main(["run", "--drafter", "ngram", "-k", "auto", "hello"]) == 0
-    assert len(advisors) == 1 and isinstance(advisors[0], AutoDraftLength)
+    assert len(policies) == 1
+    sources = policies[0].learnt()["arms"]
+    assert sources and all(kind.startswith(("ngram", "edit")) for kind in sources)

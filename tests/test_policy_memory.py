@@ -14,7 +14,7 @@ import pytest
 import chatapp.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.config import Config
-from chatapp.draft_policy import AutoDraftLength
+from chatapp.auto_policy import AutoDraftLength
 from chatapp.drafting import ModelDrafter
 from chatapp.engine import GenerationSettings, SpeculativeEngine
 from chatapp.policy_memory import memory_path, recall, remember
@@ -90,7 +90,7 @@ def test_specchat_run_starts_from_the_last_runs_measurements(
     path = memory_path(Config(draft_length="auto"))
     assert main(["run", "-k", "auto", "hello"]) == 0
     saved = json.loads(path.read_text())
-    assert saved["arms"]["default"]["drafted_steps"] > 0
+    assert saved["arms"]["model"]["drafted_steps"] > 0
     recalled = []
     monkeypatch.setattr("chatapp.policy_memory.AutoDraftLength.resume",
                         lambda self, data: recalled.append(data))

@@ -38,9 +38,12 @@ from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
 from chatapp.catalog import (CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ensure_model,  # noqa: E402
                              missing_parts)
 from chatapp.config import Config  # noqa: E402
-from chatapp.drafting import Drafter, ModelDrafter, Proposal, evaluate_sequence  # noqa: E402
+from chatapp.draft_policy import StepOutcome  # noqa: E402
+from chatapp.drafting import (DraftBudget, Drafter, ModelDrafter, Proposal,  # noqa: E402
+                              evaluate_sequence)
 from chatapp.engine import GenerationSettings, SpeculativeEngine  # noqa: E402
-from chatapp.events import DoneEvent, FinishReason, StepEvent, TokenEvent  # noqa: E402
+from chatapp.events import (DoneEvent, FinishReason, PromptEvent, StepEvent,  # noqa: E402
+                            TokenEvent)
 from chatapp.loader import make_drafter  # noqa: E402
 from chatapp.sampling import SamplingParams  # noqa: E402
 
@@ -96,7 +99,7 @@ def pair() -> Iterator[Pair]:
 # -- instruments ------------------------------------------------------------------------------
 
 class ScheduledDraftLength:
-    """A ``DraftPolicy`` whose ``next_k`` follows a list (the last value repeats): K changes
+    """A ``DraftPolicy`` whose budget follows a list (the last value repeats): K changes
     between steps, as when the user presses Ctrl+Up / Ctrl+Down while a reply streams."""
 
     def __init__(self, schedule: Sequence[int]) -> None:
@@ -107,12 +110,12 @@ class ScheduledDraftLength:
     def label(self) -> str:
         return str(self.schedule[min(self.calls, len(self.schedule) - 1)])
 
-    def next_k(self) -> int:
+    def budget(self) -> DraftBudget:
         k = self.schedule[min(self.calls, len(self.schedule) - 1)]
         self.calls += 1
-        return k
+        return DraftBudget.uniform(k)
 
-    def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, outcome: StepOutcome) -> None:
         """Fixed schedule: nothing to learn."""
 
 
@@ -134,9 +137,12 @@ class SpyDrafter:
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.inner.rollback(context, verified)
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
+    def close(self) -> None:
+        self.inner.close()
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        proposal = self.inner.propose(context, k, params, rng)
+        proposal = self.inner.propose(context, budget, params, rng)
         self.proposals.append((len(context), list(proposal.tokens)))
         return proposal
 
@@ -262,6 +268,8 @@ def run_turn(engine: SpeculativeEngine, spy: SpyDrafter, prompt: list[int], plan
             if event.accepted < event.drafted:
                 start, tokens = made[0]
                 rejected.append((start + event.accepted, tokens[event.accepted]))
+        elif isinstance(event, PromptEvent):
+            assert n == 0 and event.tokens == len(prompt), "the prompt event comes first"
         else:
             done = event
         if plan["cancel_after"] == n:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.draft_policy import AutoDraftLength, FixedDraftLength
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import FixedDraftLength
 from chatapp.engine import SpeculativeEngine
 from chatapp.history import HistoryStore
 from chatapp.ngram import NgramDrafter
@@ -150,7 +151,6 @@ def test_greedy_output_with_the_history_drafting_equals_target_only() -> None:
     assert done.stats.target_calls * 3 < plain.stats.target_calls
     assert sorted(corpus.chats(), key=str) == [7, LIVE]  # the reply went to its own document
     policy = AutoDraftLength()
-    drafter.set_advisor(policy)
     engine = SpeculativeEngine(FakeBackend(delay_s=0.001), drafter)
     for _ in range(2):
         assert _run(engine, prompt, policy, 120)[0] == reference

@@ -333,11 +333,11 @@ class UniformClaimDrafter(ModelDrafter):
     """A broken drafter: samples from the draft model but reports a uniform q (the bug class
     of transformers #32867): the test below must reject its output distribution."""
 
-    def propose(self, context: Sequence[int], k: int, params: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        proposal = super().propose(context, k, params, rng)
+    def draft(self, context: Sequence[int], k: int, params: SamplingParams,
+              rng: np.random.Generator) -> Proposal:
+        proposal = super().draft(context, k, params, rng)
         uniform = np.full_like(proposal.probs, 1.0 / proposal.probs.shape[1])
-        return Proposal(proposal.tokens, uniform)
+        return Proposal(proposal.tokens, uniform, proposal.source)
 
 
 def first_two_distribution(target: TransformersBackend, params: SamplingParams) -> np.ndarray:

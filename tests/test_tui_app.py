@@ -9,6 +9,7 @@ import pytest
 from chatapp.backends.base import BackendError
 from chatapp.config import Config
 from chatapp.draft_policy import FixedDraftLength
+from chatapp.drafting import DraftBudget
 from chatapp.events import StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryStore
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
@@ -123,7 +124,7 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
 
         def marked(delta: int) -> None:
             change_k(delta)
-            marks.append((len(step_events(session)), app.policy.next_k()))
+            marks.append((len(step_events(session)), app.policy.budget().most))
             assert f"K {marks[-1][1]}" in str(app.query_one("#status").render())  # at once
 
         app.action_draft_length = marked
@@ -149,10 +150,10 @@ async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
     class Adaptive:  # a policy without ``adjust``, like an auto policy
         label = "auto(5)"
 
-        def next_k(self) -> int:
-            return 5
+        def budget(self) -> DraftBudget:
+            return DraftBudget.uniform(5)
 
-        def observe(self, k, accepted, draft_s, verify_s) -> None:
+        def observe(self, outcome) -> None:
             pass
 
     app = tui_make_app()
@@ -163,7 +164,7 @@ async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
         assert "K auto(5)" in str(app.query_one("#status").render())
         await pilot.press("ctrl+down")
         assert isinstance(app.policy.inner, FixedDraftLength)
-        assert app.policy.next_k() == 4
+        assert app.policy.budget().most == 4
         assert "K 4" in str(app.query_one("#status").render())
 
 
@@ -453,7 +454,7 @@ async def test_settings_change_sampling_and_k(tui_make_app):
         assert not isinstance(app.screen, SettingsScreen)
         assert app.session.settings.sampling.temperature == 0.7
         assert app.session.system_prompt == "Be brief."
-        assert app.policy.next_k() == 5
+        assert app.policy.budget().most == 5
         status = str(app.query_one("#status").render())
         assert "T 0.7" in status and "K 5" in status
         # A bad value is explained in the dialog, which stays open.

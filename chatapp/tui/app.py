@@ -32,7 +32,9 @@ from textual.worker import get_current_worker
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, AutoDraftLength, DraftPolicy, FixedDraftLength
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import (MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength,
+                                  SwitchablePolicy)
 from chatapp.engine import ContextOverflowError
 from chatapp.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.history import HistoryError, HistoryStore, StoredMessage
@@ -43,7 +45,6 @@ from chatapp.session import ChatSession, fallback_template_note
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import (LoadFailed, LoadProgress, ReplyDone, ReplyFailed, ReplyPlanned,
                                   ReplyStep, SessionLoaded)
-from chatapp.tui.policy import SwitchablePolicy
 from chatapp.tui.screens import ChatListScreen, HelpScreen, HelpSection, SettingsScreen, key_label
 from chatapp.backends.rpc import rpc_label
 from chatapp.tui.stats_view import TurnInfo, decode_tokens_per_s, is_target_only
@@ -633,7 +634,7 @@ class SpecChatApp(App[int]):
 
     def set_draft_length(self, k: int) -> None:
         inner = self.policy.inner
-        if callable(getattr(inner, "set", None)):
+        if isinstance(inner, FixedDraftLength):
             inner.set(k)
         else:
             self.policy.replace(FixedDraftLength(min(max(k, 0), MAX_DRAFT_LENGTH)))
@@ -647,21 +648,16 @@ class SpecChatApp(App[int]):
         self._policy_from_config = self.session is None
 
     def _configured_policy(self, config: Config) -> DraftPolicy:
-        """``make_policy`` for the loaded drafter (if any); an auto policy starts from what the
-        last run on this machine and pair measured (``chatapp.policy_memory``)."""
-        drafter = self.session.engine.drafter if self.session is not None else None
-        policy = make_policy(config, drafter)
+        """``make_policy``; an auto policy starts from what the last run on this machine and pair
+        measured (``chatapp.policy_memory``)."""
+        policy = make_policy(config)
         if isinstance(policy, AutoDraftLength) and self.session is not None:
             recall(policy, memory_path(config))
         return policy
 
     def _policy_changed(self) -> None:
-        """A policy stops advising the drafter once it is replaced (a fixed K gives no advice)."""
+        """The policy in force no longer follows the configuration."""
         self._policy_from_config = False
-        drafter = self.session.engine.drafter if self.session is not None else None
-        set_advisor = getattr(drafter, "set_advisor", None)
-        if callable(set_advisor):
-            set_advisor(None)
 
     def set_auto_draft_length(self) -> None:
         self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
@@ -919,17 +915,10 @@ def _terminal_hung_up() -> bool:
 
 def _close_session(session: ChatSession) -> None:
     """Release both models; best effort (the process may be exiting)."""
-    engine = session.engine
-    drafter = engine.drafter
-    model_drafter = getattr(drafter, "model", drafter)  # ngram+model wraps the model drafter
-    backends = [engine.target, getattr(model_drafter, "backend", None)]
-    for backend in backends:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:
-                pass
+    try:
+        session.engine.close()
+    except Exception:
+        pass
 
 
 def run_app(config: Config, config_path: Path | None = None) -> int:

@@ -1,0 +1,379 @@
+"""The adaptive draft policy: chooses each source's draft length online from measured costs and
+acceptance, to maximise expected tokens per second on this machine.
+
+The engine asks it for a ``DraftBudget`` per step and reports a ``StepOutcome`` after it; that is
+all it knows of drafters and the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from collections import deque
+from typing import Any
+
+from chatapp.draft_policy import StepOutcome, checked_draft_length
+from chatapp.drafting import MODEL_SOURCE, DraftBudget, ShadowScore
+from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
+from chatapp.verify_cost import VerifyCostModel
+
+LEARNT_VERSION = 2  # the layout of AutoDraftLength.learnt() (2: sources named as drafters name them)
+
+# Constants of the policy; nothing sets them at run time. The values are those the policy was
+# written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
+# CPU costs, a flat GPU-like profile) and the bench on the default pair.
+PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
+PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
+FORGET = 0.9  # per-observation forgetting of acceptance counts (about the last 10 steps count)
+VERIFY_FORGET = 0.95  # per-observation forgetting of verification timings (about the last 20)
+VERIFY_SLOPE_PRIOR = 0.8  # cost of n tokens ~ one-token cost x (1 + 0.8 ln n) until measured
+DRAFT_COST_PRIOR = 0.6  # a draft token costs this x a one-token verification until timed
+PROBE_EVERY = 16  # at least this many steps between probes while not drafting
+PROBE_BUDGET = 0.01  # probing may cost at most 1% of the time
+SWITCH_MARGIN = 0.03  # leaving plain decoding needs an expected gain of 3%
+OPTIMISTIC_ACCEPTANCE = 0.9  # the acceptance a probe is sized for
+STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without drafting ages
+PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
+
+
+class AutoDraftLength:
+    """Chooses K online to maximise the expected tokens per second; thread-safe.
+
+    The cost model, re-estimated after every step from what the engine reports to ``observe``:
+
+    - per-position acceptance a_i = P(draft i accepted | drafts 1..i-1 accepted): accepted and
+      verified counts with exponential forgetting (each observation of position i first scales its
+      counts by ``forget``), shrunk towards the estimate of position i-1 (position 1 towards
+      ``prior_acceptance``) with ``prior_weight`` pseudo-observations;
+    - the draft cost per token: the median of the recent ``draft_s / k`` (robust to the catch-up a
+      model drafter does after steps without drafting, and to a busy machine);
+    - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n, shrunk towards
+      a curve ``a + b ln(n)`` fitted to all of them (``VerifyCostModel``), non-decreasing in n.
+
+    It drafts the K in 0..max_k maximising E[tokens | K] / (K c_draft + verify(K + 1)) with
+    E[tokens | K] = 1 + sum_j prod_{i<=j} a_i (autocorrelated acceptance is in the per-position
+    rates, not assumed away). K = 0 is plain decoding; leaving it needs an expected gain of
+    ``switch_margin``. From K = 0 it probes at the K that would be best if acceptance were
+    ``optimistic_acceptance`` (at most ``explore_k``), every ``probe_every`` steps or more: as
+    many as keep the expected loss of probing (the time a probe takes minus the plain time of the
+    tokens it is expected to yield, plus the catch-up a draft model does for every token it missed
+    while idle, measured, ``catchup_prior`` x its per-token cost until then) under
+    ``probe_budget`` of the time, a quarter of that when even optimistic acceptance could not beat
+    plain decoding (a draft model too slow next to the target: the probes then only check that the
+    costs it was judged on still hold). When the catch-up alone exceeds the budget (a 0.5B draft
+    model on a CPU catches up at a quarter of a decode step per token), it does not probe. What was
+    learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that goes well counts. When no plain step was timed for
+    ``plain_every`` steps it takes one: the one-token verification is the baseline every choice
+    is weighed against. The first ``explore_steps`` drafting steps use ``explore_k``, to measure
+    the drafter. The object is meant to live across turns.
+
+    Acceptance and draft cost are kept per source (the ``source`` of each ``StepOutcome``; the
+    budget gives each source its own K; verification cost is shared). A drafter that can tell,
+    for free, how its proposals would have fared (an n-gram lookup, checked against the tokens
+    that were emitted) sends ``ShadowScore``s with its proposals; such a source learns its
+    acceptance from those only, needs no exploring, counts as free to draft until timed, and the
+    budget keeps ``consult`` set while it sits at K = 0 (asking it costs nothing), so it drafts
+    again as soon as its proposals start to match. Names in the description below are the module
+    constants (``prior_acceptance`` is ``PRIOR_ACCEPTANCE``, ...).
+    """
+
+    def __init__(self, max_k: int = 8, *, explore_steps: int = 3, explore_k: int = 3,
+                 catchup_prior: float = 0.25) -> None:
+        self.max_k = checked_draft_length(max_k)
+        self.catchup_prior = catchup_prior
+        self.plain_every = PLAIN_EVERY
+        self.stale_forget = STALE_FORGET
+        self.prior_acceptance = PRIOR_ACCEPTANCE
+        self.prior_weight = PRIOR_WEIGHT
+        self.forget = FORGET
+        self.draft_cost_prior = DRAFT_COST_PRIOR
+        self.probe_every = PROBE_EVERY
+        self.probe_budget = PROBE_BUDGET
+        self.switch_margin = SWITCH_MARGIN
+        self.optimistic_acceptance = OPTIMISTIC_ACCEPTANCE
+        self.explore_steps = explore_steps
+        self.explore_k = min(explore_k, self.max_k)
+        self._verify = VerifyCostModel(self.max_k + 1, VERIFY_FORGET, VERIFY_SLOPE_PRIOR)
+        self._lock = threading.RLock()
+        self._arms: dict[str, _Arm] = {}
+        self._step = 0
+        self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
+        self._shown_k = self.explore_k
+
+    # -- DraftPolicy ----------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        with self._lock:
+            return f"auto({self._shown_k})"
+
+    def budget(self) -> DraftBudget:
+        with self._lock:
+            arms = self._arms
+            if not arms:
+                return DraftBudget.uniform(self.explore_k)
+            for arm in arms.values():
+                if arm.shadowed:  # scored for free since the last decision
+                    self._decide(arm)
+            self._shown_k = max(self._chosen_k(arm) for arm in arms.values())
+            if self._step - self._last_plain >= self.plain_every and not any(
+                    self._exploring(arm) for arm in arms.values()):
+                return DraftBudget.uniform(0)  # re-time plain decoding, the baseline of every choice
+            by_source = {kind: self._wanted_k(arm) for kind, arm in arms.items()}
+            consult = any(self._consulting(arm) for arm in arms.values())
+            return DraftBudget(by_source, self.explore_k, consult)  # a new source is explored
+
+    def observe(self, outcome: StepOutcome) -> None:
+        with self._lock:
+            for score in outcome.scores:
+                self._observe_shadow(score)
+            k = outcome.drafted
+            self._step += 1
+            self._verify.observe(k + 1, outcome.verify_s)
+            if k == 0:
+                self._last_plain = self._step
+            else:
+                arm = self._arm(outcome.source or MODEL_SOURCE)
+                arm.observe_draft(k, outcome.accepted, outcome.draft_s, self.forget, self._step,
+                                  self.stale_forget)
+            for arm in self._arms.values():
+                self._decide(arm)
+
+    def _observe_shadow(self, score: ShadowScore) -> None:
+        """A free proposal from ``score.source`` would have had ``score.matched`` accepted."""
+        if score.proposed <= 0:
+            return
+        arm = self._arm(score.source)
+        arm.shadowed = True
+        arm.count_acceptance(score.proposed, min(score.matched, score.proposed), self.forget)
+
+    # -- what was learnt, kept between starts -------------------------------------------------
+
+    def learnt(self) -> dict[str, Any]:
+        """What this policy has measured (verification costs; per source: acceptance counts,
+        draft costs, catch-up) as plain JSON data, for ``resume`` in a later run."""
+        with self._lock:
+            return {"version": LEARNT_VERSION, "max_k": self.max_k,
+                    "verify": self._verify.learnt(),
+                    "arms": {kind: arm.learnt() for kind, arm in self._arms.items()}}
+
+    def resume(self, learnt: dict[str, Any]) -> None:
+        """Start from what an earlier policy on the same machine and models measured, instead
+        of exploring: it counts as at most ``RESUME_WEIGHT`` observations of each quantity, so
+        this run's own timings soon outweigh it. Raises ``ValueError`` (leaving the policy as
+        it was) for data of another version or shape."""
+        if learnt.get("version") != LEARNT_VERSION or learnt.get("max_k") != self.max_k:
+            raise ValueError("learnt data of another version or max_k")
+        verify = VerifyCostModel(self.max_k + 1, self._verify.forget, self._verify.slope_prior)
+        verify.resume(learnt["verify"])
+        arms = {}
+        for kind, data in dict(learnt["arms"]).items():
+            arm = _Arm(self.explore_k, self.probe_every)
+            arm.resume(data, self.explore_steps)
+            arms[str(kind)] = arm
+        with self._lock:
+            self._verify, self._arms = verify, arms
+            for arm in arms.values():
+                self._decide(arm)
+            self._shown_k = max((self._chosen_k(arm) for arm in arms.values()),
+                                default=self.explore_k)
+
+    # -- introspection (tests, the bench, a stats view) -------------------------------------------
+
+    def acceptance(self, kind: str = MODEL_SOURCE) -> list[float]:
+        """Estimated acceptance at positions 1..max_k."""
+        with self._lock:
+            return self._acceptance(self._arm(kind))
+
+    def verify_cost(self, n: int) -> float | None:
+        """Estimated seconds to verify n tokens (None before any timing)."""
+        with self._lock:
+            return self._verify.predict(n)
+
+    def expected_rates(self, kind: str = MODEL_SOURCE) -> list[float]:
+        """Expected tokens per second for K = 0..max_k (empty before any timing)."""
+        with self._lock:
+            arm = self._arm(kind)
+            return self._rates(arm, self._acceptance(arm))
+
+    def current_k(self, kind: str = MODEL_SOURCE) -> int:
+        """The K chosen for ``kind`` (probes aside)."""
+        with self._lock:
+            return self._chosen_k(self._arm(kind))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _arm(self, kind: str) -> "_Arm":
+        arm = self._arms.get(kind)
+        if arm is None:
+            arm = self._arms[kind] = _Arm(self.explore_k, self.probe_every)
+        return arm
+
+    def _exploring(self, arm: "_Arm") -> bool:
+        return not arm.shadowed and arm.drafted_steps < self.explore_steps
+
+    def _chosen_k(self, arm: "_Arm") -> int:
+        return self.explore_k if self._exploring(arm) else arm.k
+
+    def _wanted_k(self, arm: "_Arm") -> int:
+        """The K for the coming step: the choice, or a probe when one is due."""
+        k = self._chosen_k(arm)
+        if k > 0 or arm.probe_k == 0 or (arm.shadowed and arm.hopeful):
+            return k
+        if self._step - arm.last_drafted >= arm.probe_interval:
+            return arm.probe_k
+        return 0
+
+    def _consulting(self, arm: "_Arm") -> bool:
+        """A shadowed kind at K = 0 that could pay again: the drafter is asked anyway, so that it
+        scores its proposals for free and the kind drafts again as soon as they match."""
+        return self._chosen_k(arm) == 0 and arm.probe_k > 0 and arm.shadowed and arm.hopeful
+
+    def _acceptance(self, arm: "_Arm") -> list[float]:
+        return arm.acceptance(self.max_k, self.prior_acceptance, self.prior_weight)
+
+    def _rates(self, arm: "_Arm", acceptance: list[float]) -> list[float]:
+        verify = [self._verify.predict(n) for n in range(1, self.max_k + 2)]
+        if verify[0] is None:
+            return []
+        draft = arm.draft_cost()
+        if draft is None:  # a drafter that scores itself for free drafts for free, near enough
+            draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]
+        rates, expected, survive = [], 1.0, 1.0
+        for k in range(self.max_k + 1):
+            if k:
+                survive *= acceptance[k - 1]
+                expected += survive
+            rates.append(expected / max(k * draft + verify[k], 1e-9))
+        return rates
+
+    def _decide(self, arm: "_Arm") -> None:
+        if self._exploring(arm) or self.max_k == 0:
+            return
+        acceptance = self._acceptance(arm)
+        rates = self._rates(arm, acceptance)
+        if not rates:
+            return
+        best = max(range(1, self.max_k + 1), key=rates.__getitem__)
+        needed = rates[0] * (1 + self.switch_margin) if arm.k == 0 else rates[0]
+        k = best if rates[best] > needed else 0
+        if k == 0:
+            hopeful = self._rates(arm, [max(a, self.optimistic_acceptance) for a in acceptance])
+            probe = max(range(1, self.max_k + 1), key=hopeful.__getitem__)
+            # Hopeless: drafting could not pay even if it were mostly accepted. Probe anyway, but
+            # seldom: the costs it was judged on may be stale.
+            arm.hopeful = hopeful[probe] > rates[0] * (1 + self.switch_margin)
+            if not (arm.shadowed and arm.hopeful):
+                # A real probe costs what it fails to return, plus the catch-up of a drafter
+                # that sat idle, which grows with the interval I: loss + catch-up x I must stay
+                # within probe_budget x I plain steps.
+                probe = min(probe, self.explore_k)
+                plain_step = 1.0 / rates[0]
+                expected = 1 + sum(_prefix_products(acceptance[:probe]))
+                loss = max(0.0, expected * (1.0 / rates[probe] - plain_step))
+                budget = (self.probe_budget if arm.hopeful else self.probe_budget / 4) * plain_step
+                catchup = arm.catchup_per_step(self.catchup_prior)
+                if catchup >= budget:
+                    probe = 0  # catching up would cost more than probing may: stay plain
+                else:
+                    arm.probe_interval = max(self.probe_every,
+                                             math.ceil(loss / (budget - catchup)))
+            arm.probe_k = probe
+        arm.k = k
+
+
+def _prefix_products(values: list[float]) -> list[float]:
+    """[v0, v0 v1, v0 v1 v2, ...]."""
+    out, product = [], 1.0
+    for value in values:
+        product *= value
+        out.append(product)
+    return out
+
+
+class _Arm:
+    """What the policy knows about one source of drafts."""
+
+    def __init__(self, k: int, probe_every: int) -> None:
+        self.k = k
+        self.accepted: list[float] = []
+        self.verified: list[float] = []
+        self.costs: deque[float] = deque(maxlen=9)
+        self.drafted_steps = 0
+        self.last_drafted = 0
+        self.probe_k = 0
+        self.probe_interval = probe_every
+        self.hopeful = True  # drafting could pay if acceptance were high
+        self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
+        self.catchup: float | None = None  # extra draft seconds per step spent not drafting
+
+    def learnt(self) -> dict[str, Any]:
+        return {"accepted": list(self.accepted), "verified": list(self.verified),
+                "costs": list(self.costs), "catchup": self.catchup, "shadowed": self.shadowed,
+                "drafted_steps": self.drafted_steps}
+
+    def resume(self, data: dict[str, Any], explore_steps: int) -> None:
+        """Take ``learnt()`` data of an earlier run, its counts capped at ``RESUME_WEIGHT``."""
+        verified = non_negative_floats(data["verified"])
+        accepted = non_negative_floats(data["accepted"])
+        if len(accepted) != len(verified) or any(a > v for a, v in zip(accepted, verified)):
+            raise ValueError("accepted counts do not fit the verified counts")
+        most = max(verified, default=0.0)
+        scale = min(1.0, RESUME_WEIGHT / most) if most > 0.0 else 1.0
+        self.verified = [v * scale for v in verified]
+        self.accepted = [a * scale for a in accepted]
+        self.costs.extend(non_negative_floats(data["costs"])[-self.costs.maxlen:])
+        catchup = data["catchup"]
+        self.catchup = None if catchup is None else non_negative_floats([catchup])[0]
+        self.shadowed = bool(data["shadowed"])
+        self.drafted_steps = explore_steps if int(data["drafted_steps"]) > 0 else 0
+
+    def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
+                      step: int, stale_forget: float) -> None:
+        self.drafted_steps += 1
+        if not self.shadowed:  # what was learnt before a stretch without drafting has aged
+            decay = stale_forget ** max(step - self.last_drafted - 1, 0)
+            self.verified = [decay * v for v in self.verified]
+            self.accepted = [decay * a for a in self.accepted]
+        per_token = max(draft_s, 0.0) / k
+        typical = self.draft_cost()
+        gap = step - self.last_drafted - 1
+        if typical is not None and gap > 0 and self.last_drafted > 0:
+            # A model drafter that sat idle first feeds what it missed: that excess, per step.
+            excess = max(0.0, draft_s - k * typical) / gap
+            self.catchup = excess if self.catchup is None else 0.5 * self.catchup + 0.5 * excess
+        self.last_drafted = step
+        self.costs.append(per_token)
+        if not self.shadowed:
+            self.count_acceptance(k, accepted, forget)
+
+    def count_acceptance(self, k: int, accepted: int, forget: float) -> None:
+        while len(self.verified) < k:
+            self.verified.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(min(k, accepted + 1)):  # position i is verified when all before it passed
+            self.verified[i] = forget * self.verified[i] + 1.0
+            self.accepted[i] = forget * self.accepted[i] + (i < accepted)
+
+    def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:
+        rates, previous = [], prior
+        for i in range(max_k):
+            seen = self.verified[i] if i < len(self.verified) else 0.0
+            hits = self.accepted[i] if i < len(self.accepted) else 0.0
+            previous = (hits + weight * previous) / (seen + weight)
+            rates.append(previous)
+        return rates
+
+    def draft_cost(self) -> float | None:
+        return statistics.median(self.costs) if self.costs else None
+
+    def catchup_per_step(self, prior: float) -> float:
+        """Seconds a probe's drafter needs per step it sat idle (``prior`` x the draft cost per
+        token until measured; nothing for a drafter that scores itself for free)."""
+        if self.shadowed:
+            return 0.0
+        if self.catchup is not None:
+            return self.catchup
+        typical = self.draft_cost()
+        return prior * typical if typical is not None else 0.0

@@ -21,7 +21,8 @@ When the reply re-joins, what it wrote in place of the skipped source span is a 
 (source ``A`` -> reply ``B``; an insertion is keyed by the two tokens before it and the one
 after, and by the one after alone: a parameter added before every ``):``); it is learnt once
 ``CONFIRM`` tokens after the re-join match too, and applied wherever the source has ``A`` again
-(once ``items`` became ``entries``, every later ``items`` is proposed as ``entries``). A substitution the reply contradicts is forgotten.
+(once ``items`` became ``entries``, every later ``items`` is proposed as ``entries``). A
+substitution the reply contradicts is forgotten.
 
 Proposals are a deterministic function of the context, so they are one-hot and verification
 stays exact at any temperature. Every update is O(1) per appended token (dictionary look-ups and

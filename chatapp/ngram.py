@@ -11,10 +11,11 @@ not an extension of what it has seen (a new conversation, an edited one).
 Because its proposals cost nothing, it can also tell how they would have fared: it replays
 "speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
 returns each would-be step as a ``ShadowScore`` with its next proposal, which the engine passes to
-the policy, even while the policy is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
-one-hot proposal (the target emitted x with probability p(x), which is the acceptance probability),
-so the policy learns the true acceptance rate at K = 0 and switches back on as soon as the text
-starts repeating (code being edited, a quoted passage).
+the policy, even while the policy is not drafting. Matching a token the target emitted is an
+unbiased draw of the acceptance of a one-hot proposal (the target emitted x with probability
+p(x), which is the acceptance probability), so the policy learns the true acceptance rate at
+K = 0 and switches back on as soon as the text starts repeating (code being edited, a quoted
+passage).
 
 With ``edits`` (the default) an ``EditTracker`` (``chatapp.edit_drafter``: speculative edits)
 comes first, and with a ``suffix`` source (``chatapp.suffix_drafter``: the history-wide suffix
@@ -23,9 +24,9 @@ chat's text being written again) even before the edits, unless they are in a con
 source is replayed and scored under its own kinds. All are free and one-hot.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
-draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics per
-source and, on a machine where the draft model does not pay, gives it a budget of 0 while keeping
-the n-gram.
+draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
+per source and, on a machine where the draft model does not pay, gives it a budget of 0 while
+keeping the n-gram.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ chats, kept in step with the context the engine drafts for.
 n-gram lookup (and so before the draft model in "ngram+model"): it proposes only when the corpus
 has a confident continuation (``HistoryCorpus.propose``), up to ``MAX_PROPOSAL`` tokens, one-hot.
 
-The conversation layer tells it which chat is open (``open_chat``); the context the drafter
-follows (``reset``, then ``append`` per token) is then that chat's document in the corpus.
+The conversation layer tells it which chat is open (``open_chat``) and which was deleted
+(``remove_chat``); the context the drafter follows (``reset``, then ``append`` per token) is then
+that chat's document in the corpus.
 Without a chat (the bench, ``specchat run`` without history) the context
 is kept under ``LIVE``, replaced whenever the context is not an extension.
 """
@@ -28,11 +29,22 @@ class SuffixSource:
         self.chat = chat
 
     def open_chat(self, chat: ChatKey) -> None:
-        """From now on the context is the text of ``chat`` (its stored document is replaced by
-        the context on the next sync); the previous chat's document stays in the corpus."""
-        if self.chat == LIVE and chat != LIVE:
-            self.corpus.remove_chat(LIVE)
+        """From now on the context is the text of ``chat`` (a history chat id). Leaving ``LIVE``
+        (a new chat that has just been saved) keeps the text so far as that chat's; leaving
+        another chat keeps its document in the corpus (the next context that is not an extension
+        replaces the new chat's document)."""
+        if chat == self.chat:
+            return
+        if self.chat == LIVE:
+            self.corpus.rename_chat(LIVE, chat)
         self.chat = chat
+
+    def remove_chat(self, chat: ChatKey) -> None:
+        """``chat`` was deleted from the history: drop its text; if it was open, what follows is
+        a conversation not in the history (``LIVE``)."""
+        self.corpus.remove_chat(chat)
+        if chat == self.chat:
+            self.chat = LIVE
 
     def reset(self) -> None:
         """The context starts over (a new or edited conversation): empty the chat's document;

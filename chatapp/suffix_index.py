@@ -128,6 +128,14 @@ class HistoryCorpus:
         self._size += len(tokens)
         self._bound(chat)
 
+    def rename_chat(self, old: ChatKey, new: ChatKey) -> None:
+        """Index ``old``'s text under ``new`` (replacing what ``new`` had); the counts stay."""
+        doc = self._docs.pop(old, None)
+        if doc is None:
+            return
+        self.remove_chat(new)
+        self._docs[new] = doc
+
     def remove_chat(self, chat: ChatKey) -> None:
         """Take every count of ``chat`` out of the index (nothing if it is not indexed)."""
         doc = self._docs.pop(chat, None)

@@ -19,6 +19,7 @@ from tests.exactness import assert_two_token_distribution_exact, uncertain_case
 from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 
 GREEDY = SamplingParams()
+RNG = np.random.default_rng(0)  # unused by these deterministic drafters
 
 CLASS = """class Store:
     def __init__(self, owner):
@@ -189,7 +190,7 @@ def test_proposals_are_valid_one_hot_tokens_of_the_context() -> None:
             start = int(rng.integers(0, len(context)))
             context.extend(context[start:start + int(rng.integers(1, 12))])
         context.append(int(rng.integers(0, 12)))
-        proposal = drafter.propose(context, DraftBudget.uniform(8), GREEDY, np.random.default_rng(0))
+        proposal = drafter.propose(context, DraftBudget.uniform(8), GREEDY, RNG)
         assert len(proposal.tokens) <= 8
         assert all(0 <= t < 12 and t in context for t in proposal.tokens)
         assert proposal.probs.shape == (len(proposal.tokens), 12)
@@ -201,10 +202,9 @@ def test_proposals_are_valid_one_hot_tokens_of_the_context() -> None:
 
 def test_a_new_conversation_starts_over() -> None:
     drafter = EditDrafter(vocab_size=20)
-    assert drafter.propose([1, 2, 3, 4, 5, 1, 2, 3], DraftBudget.uniform(2), GREEDY, np.random.default_rng(0)
-                           ).tokens == [4, 5]
-    assert drafter.propose([7, 8, 9, 6, 7, 8, 9], DraftBudget.uniform(2), GREEDY, np.random.default_rng(0)
-                           ).tokens == [6, 7]
+    two = DraftBudget.uniform(2)
+    assert drafter.propose([1, 2, 3, 4, 5, 1, 2, 3], two, GREEDY, RNG).tokens == [4, 5]
+    assert drafter.propose([7, 8, 9, 6, 7, 8, 9], two, GREEDY, RNG).tokens == [6, 7]
 
 
 # -- through the engine ---------------------------------------------------------------------------

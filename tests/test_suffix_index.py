@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import chatapp.loader as loader
 from chatapp.backends.fake import FakeBackend
+from chatapp.config import Config
 from chatapp.auto_policy import AutoDraftLength
 from chatapp.draft_policy import FixedDraftLength
 from chatapp.engine import SpeculativeEngine
@@ -180,3 +182,33 @@ def _copy(corpus: HistoryCorpus) -> HistoryCorpus:
         if chat != LIVE:
             fresh.add_chat_text(chat, corpus.document(chat))
     return fresh
+
+
+def test_the_open_chat_is_followed_renamed_and_removed() -> None:
+    corpus = HistoryCorpus()
+    source = SuffixSource(corpus)
+    drafter = NgramDrafter(30, edits=False, suffix=source)
+    drafter.prefill(LINE * 2)
+    assert corpus.document(LIVE) == LINE * 2  # a new chat, not saved yet
+    source.open_chat(12)  # it was saved as chat 12: the text so far is chat 12's
+    assert corpus.chats() == [12] and corpus.document(12) == LINE * 2
+    drafter.prefill(LINE * 2 + [1, 2])
+    assert corpus.document(12) == LINE * 2 + [1, 2]
+    source.open_chat(13)
+    drafter.prefill([3, 4, 5])  # another chat's context: it becomes chat 13's text
+    assert corpus.document(13) == [3, 4, 5] and corpus.document(12) == LINE * 2 + [1, 2]
+    source.remove_chat(13)  # deleted while open
+    assert corpus.chats() == [12] and source.chat == LIVE
+
+
+def test_build_session_indexes_the_history_for_the_default_drafter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    chat = store.create_chat("one")
+    store.add_message(chat, "user", "the draft token is the target token")
+    monkeypatch.setattr(loader, "load_backend", lambda *args, **kwargs: FakeBackend())
+    session = loader.build_session(Config(drafter="ngram"), history=store)
+    assert session.history_index is not None
+    assert session.history_index.corpus.chats() == [chat]
+    assert loader.build_session(Config(drafter="ngram")).history_index is None
+    store.close()

@@ -125,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
                        "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
-                       "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto, each optionally "
-                       "with @N (N CPU threads) or @auto (default: target, K=1..8, auto, "
-                       "ngram auto, ngram+model auto)")
+                       "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto (a drafter name "
+                       "ending in -noedit: without speculative edits), each optionally with @N (N CPU "
+                       "threads) or @auto (default: target, K=1..8, auto, ngram auto, "
+                       "ngram+model auto)")
     bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
                        "e.g. 1,2,4")
     bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "

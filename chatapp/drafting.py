@@ -99,6 +99,15 @@ class Proposal:
         return cls([], np.zeros((0, vocab_size)), scores=scores)
 
 
+def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
+    """(len(tokens), vocab_size) float64, row i one-hot on tokens[i]: the distributions of a
+    deterministic proposal (n-gram lookup, speculative edits)."""
+    rows = np.zeros((len(tokens), vocab_size), dtype=np.float64)
+    if len(tokens):
+        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.intp)] = 1.0
+    return rows
+
+
 class Drafter(Protocol):
     """Proposes tokens that follow ``context``, within a ``DraftBudget``."""
 

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from chatapp.backends.base import Backend
+from chatapp.backends.base import Backend, ChatMessage
 from chatapp.catalog import resolve_model
 from chatapp.config import Config
 from chatapp.auto_policy import AutoDraftLength
@@ -22,8 +22,11 @@ from chatapp.drafting import Drafter, ModelDrafter
 from chatapp.ngram import NgramDrafter, NgramModelDrafter
 from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
+from chatapp.history import HistoryStore, StoredMessage
 from chatapp.sampling import SamplingParams
 from chatapp.session import ChatSession
+from chatapp.suffix_drafter import SuffixSource
+from chatapp.suffix_index import HistoryCorpus
 
 LoadProgress = Callable[[str, float | None], None]
 
@@ -67,14 +70,32 @@ def _load_remote_target(path: Path, model: str, config: Config,
                         threads=config.threads, tensor_split=config.tensor_split)
 
 
+def load_history_index(store: HistoryStore, target: Backend, config: Config) -> SuffixSource:
+    """The suffix source over ``store``'s chats, each rendered as ``target`` sees it (its chat
+    template, ``config``'s system prompt first), newest chats first up to the capacity."""
+    system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
+
+    def render(messages: list[StoredMessage]) -> list[int]:
+        return target.chat_prompt(system + [ChatMessage(m.role, m.content) for m in messages])
+
+    return SuffixSource(HistoryCorpus.from_store(store, render))
+
+
 def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quiet,
-                 draft: Backend | None = None) -> Drafter:
-    """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (prompt lookup,
-    no draft model loaded) or "ngram+model". The draft model (``draft`` if given, else loaded) is
-    checked against the target's vocabulary, and only evaluates anything once it is asked to draft
-    (a deferred ``ModelDrafter``)."""
+                 draft: Backend | None = None, edits: bool = True,
+                 history_index: SuffixSource | None = None) -> Drafter:
+    """The drafter ``config.drafter`` asks for: "model" (the draft model), "ngram" (speculative
+    edits, the history-wide suffix index and prompt lookup, no draft model loaded) or
+    "ngram+model". The draft model (``draft`` if given, else loaded) is checked against the
+    target's vocabulary, and only evaluates anything once it is asked to draft
+    (a deferred ``ModelDrafter``). ``edits=False`` leaves the speculative edits out (for
+    comparisons). ``history_index``: the suffix source over the history (``load_history_index``);
+    without it the suffix index covers the open conversation only."""
+    if config.drafter in ("ngram", "ngram+model"):
+        suffix = history_index if history_index is not None else SuffixSource(HistoryCorpus())
+        ngram = NgramDrafter(target.vocab_size, edits=edits, suffix=suffix)
     if config.drafter == "ngram":
-        return NgramDrafter(target.vocab_size)
+        return ngram
     if draft is None:
         draft = load_backend(config.draft, "draft", config, progress)
         try:
@@ -86,7 +107,7 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
         check_compatible(draft, target)
     model = ModelDrafter(draft, deferred=True)
     if config.drafter == "ngram+model":
-        return NgramModelDrafter(NgramDrafter(target.vocab_size), model)
+        return NgramModelDrafter(ngram, model)
     return model
 
 
@@ -103,18 +124,25 @@ def generation_settings(config: Config) -> GenerationSettings:
     return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
 
 
-def build_session(config: Config, progress: LoadProgress = _quiet,
-                  with_draft: bool = True) -> ChatSession:
-    """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat."""
+def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
+                  history: HistoryStore | None = None) -> ChatSession:
+    """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
+    With ``history`` the default drafter's suffix index covers its chats: the session's
+    ``history_index`` (``load_history_index``), which the conversation keeps told of the open
+    chat and of deleted ones."""
     target = load_backend(config.target, "target", config, progress)
+    index: SuffixSource | None = None
     try:
-        drafter = make_drafter(config, target, progress) if with_draft else None
+        if with_draft and history is not None and config.drafter in ("ngram", "ngram+model"):
+            index = load_history_index(history, target, config)
+        drafter = make_drafter(config, target, progress, history_index=index) if (
+            with_draft) else None
     except Exception:
         target.close()
         raise
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
-                       config.system_prompt, runtime_notes(config))
+                       config.system_prompt, runtime_notes(config), index)
 
 
 def runtime_notes(config: Config) -> tuple[str, ...]:

@@ -11,27 +11,37 @@ not an extension of what it has seen (a new conversation, an edited one).
 Because its proposals cost nothing, it can also tell how they would have fared: it replays
 "speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
 returns each would-be step as a ``ShadowScore`` with its next proposal, which the engine passes to
-the policy, even while the policy is not drafting. Matching a token the target emitted is an unbiased draw of the acceptance of a
-one-hot proposal (the target emitted x with probability p(x), which is the acceptance probability),
-so the policy learns the true acceptance rate at K = 0 and switches back on as soon as the text
-starts repeating (code being edited, a quoted passage).
+the policy, even while the policy is not drafting. Matching a token the target emitted is an
+unbiased draw of the acceptance of a one-hot proposal (the target emitted x with probability
+p(x), which is the acceptance probability), so the policy learns the true acceptance rate at
+K = 0 and switches back on as soon as the text starts repeating (code being edited, a quoted
+passage).
 
-``NgramModelDrafter`` ("ngram+model"): the n-gram proposal when there is a match, else the draft
-model. Each source reports its own name, so the policy keeps acceptance and cost statistics per
-source and, on a machine where the draft model does not pay, gives it a budget of 0 while keeping
-the n-gram.
+With ``edits`` (the default) an ``EditTracker`` (``chatapp.edit_drafter``: speculative edits)
+comes first, and with a ``suffix`` source (``chatapp.suffix_drafter``: the history-wide suffix
+index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
+chat's text being written again) even before the edits, unless they are in a confident run. Each
+source is replayed and scored under its own kinds. All are free and one-hot.
+
+``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
+draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
+per source and, on a machine where the draft model does not pay, gives it a budget of 0 while
+keeping the n-gram.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from chatapp.drafting import (MODEL_SOURCE, DraftBudget, ModelDrafter, Proposal, ShadowScore,
                               one_hot_rows)
+from chatapp.edit_drafter import EDIT_RUN, EditTracker
 from chatapp.sampling import SamplingParams
+from chatapp.suffix_drafter import SuffixSource
+from chatapp.suffix_index import SUFFIX_LONG
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
@@ -100,24 +110,70 @@ class NgramIndex:
         return None, 0
 
 
+Search = Callable[[int], tuple[list[int], str]]  # up to k tokens and their kind
+
+
+class ShadowReplay:
+    """One source's would-be speculation at every step, replayed over the emitted tokens: at
+    ``at`` it would have proposed ``proposal`` (of ``kind``); ``settle`` scores it."""
+
+    def __init__(self, search: Search, lookahead: int, at: int = 0) -> None:
+        self.search = search
+        self.lookahead = lookahead
+        self.at = at
+        self.proposal: list[int] = []
+        self.kind = ""
+
+    def start_if_due(self, position: int) -> None:
+        """Make the would-be proposal of a step starting at ``position``, if one starts there."""
+        if position == self.at and not self.proposal:
+            self.proposal, self.kind = self.search(self.lookahead)
+            if not self.proposal:
+                self.at += 1  # no proposal: that step would have been plain
+
+    def settle(self, tokens: Sequence[int]) -> ShadowScore | None:
+        """The pending proposal's score once the emitted ``tokens`` decide it; None while
+        undecided or idle."""
+        proposal, start = self.proposal, self.at
+        if not proposal:
+            return None
+        known = len(tokens) - start
+        matched = 0
+        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
+            matched += 1
+        if matched < len(proposal) and matched == known:
+            return None  # every emitted token so far matched; wait for more
+        self.at = start + matched + 1  # the target's own token follows the accepted ones
+        self.proposal = []
+        return ShadowScore(self.kind, len(proposal), matched)
+
+
 class NgramDrafter:
-    """Prompt-lookup drafting; see the module docstring. Implements ``Drafter``."""
+    """Prompt lookup, speculative edits and the suffix index; see the module docstring.
+    Implements ``Drafter``. Each source is replayed for the policy's shadow scores with its own
+    look-ahead (``lookahead`` tokens for the lookup, ``edit_lookahead`` for the edits,
+    ``suffix_lookahead`` for the suffix index)."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
-                 kind: str = NGRAM_KIND, kind_by_context: bool = True) -> None:
+                 kind: str = NGRAM_KIND, kind_by_context: bool = True, edits: bool = True,
+                 edit_lookahead: int = 16, suffix: SuffixSource | None = None,
+                 suffix_lookahead: int = 16) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
         self.lookahead = lookahead
         self.kind = kind
         self.kind_by_context = kind_by_context
+        self.edits = edits
+        self.edit_lookahead = edit_lookahead
+        self.suffix = suffix
+        self.suffix_lookahead = suffix_lookahead
         self._index = NgramIndex(min_n, max_n)
+        self._tracker = EditTracker() if edits else None
         self._seen: Any = None  # the context object last synced (the engine appends to it)
-        self._shadow_at = 0  # where the replayed would-be speculation stands
-        self._shadow: list[int] = []  # its pending proposal, made at _shadow_at
-        self._shadow_kind = kind
-        self._streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
+        self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
         self._scores: list[ShadowScore] = []  # settled since the last proposal
+        self._replays = self._new_replays(0)
 
     @property
     def name(self) -> str:
@@ -125,9 +181,11 @@ class NgramDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         self.sync(context, score=False)
+        if self._tracker is not None:
+            self._tracker.forget_substitutions()  # a new reply: its own edits
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
-        """Nothing: the index holds emitted tokens only, never drafts."""
+        """Nothing: the sources hold emitted tokens only, never drafts."""
 
     def close(self) -> None:
         """Nothing to free: no model."""
@@ -135,8 +193,16 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.sync(context, score=True)
-        tokens, kind = self.search(budget.most)
-        return self.proposal(tokens[:budget.for_source(kind)], kind)
+        return self.proposal(*self.choose(budget))
+
+    def choose(self, budget: DraftBudget) -> tuple[list[int], str]:
+        """The proposal to draft after the last ``sync`` and its kind: the first source (see the
+        module docstring for the order) with a proposal and a budget above 0, cut to it."""
+        for tokens, kind in self._candidates(budget.most):
+            tokens = tokens[:budget.for_source(kind)]
+            if tokens:
+                return tokens, kind
+        return [], self.kind
 
     def proposal(self, tokens: list[int], kind: str) -> Proposal:
         """``tokens`` (from ``search``) as a one-hot proposal of ``kind``, with the shadow scores
@@ -148,7 +214,35 @@ class NgramDrafter:
         return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind, scores)
 
     def search(self, k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens continuing the context of the last ``sync``, and their kind.
+        """Up to ``k`` tokens continuing the context of the last ``sync`` from the first source
+        that has a proposal, and their kind."""
+        return next(self._candidates(k), ([], self.kind))
+
+    def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
+        suffix = self.suffix_search(k)
+        edit = self._edit_search(k)
+        first = suffix[1] == SUFFIX_LONG and edit[1] != EDIT_RUN  # else the edits come first
+        for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
+            if tokens:
+                yield tokens, kind
+        tokens, kind = self.lookup(k)
+        if tokens:
+            yield tokens, kind
+
+    def _edit_search(self, k: int) -> tuple[list[int], str]:
+        """The edit tracker's proposal (none without ``edits``)."""
+        if self._tracker is None:
+            return [], ""
+        return self._tracker.propose(k)
+
+    def suffix_search(self, k: int) -> tuple[list[int], str]:
+        """The suffix index's proposal (none without a ``suffix`` source)."""
+        if self.suffix is None:
+            return [], ""
+        return self.suffix.propose(self._index.tokens, k)
+
+    def lookup(self, k: int) -> tuple[list[int], str]:
+        """Up to ``k`` tokens of n-gram lookup, and their kind.
 
         With ``kind_by_context`` the kind says how long the matched n-gram is ("long": at least
         ``LONG_MATCH`` tokens) and how the latest scored proposal fared ("hot": all of it matched,
@@ -166,9 +260,9 @@ class NgramDrafter:
         return f"{self.kind}-{'long' if n >= LONG_MATCH else 'short'}-{self._streak}"
 
     def sync(self, context: Sequence[int], score: bool) -> None:
-        """Index the tokens of ``context`` not seen yet (rebuild if it is not an extension);
-        with ``score``, replay n-gram speculation over them and keep how it would have fared for
-        the next proposal's ``scores``."""
+        """Feed every source the tokens of ``context`` not seen yet (start over if it is not an
+        extension); with ``score``, replay each source's speculation over them and keep how it
+        would have fared for the next proposal's ``scores``."""
         index = self._index
         known = len(index)
         extends = len(context) >= known and (
@@ -176,34 +270,47 @@ class NgramDrafter:
             or list(context[:known]) == index.tokens)
         if not extends:
             self._index = index = NgramIndex(self.min_n, self.max_n)
-            self._shadow_at, self._shadow = 0, []
+            self._tracker = EditTracker() if self.edits else None
+            self._replays = self._new_replays(0)
             known = 0
+        if known == 0 and self.suffix is not None:
+            self.suffix.reset()  # the context is the open chat's whole text
         self._seen = context
+        tracker, suffix, replays = self._tracker, self.suffix, self._replays
         for position in range(known, len(context)):
-            if score and position == self._shadow_at and not self._shadow:
-                self._shadow, n = index.search(self.lookahead)
-                self._shadow_kind = self._kind(n)
-                if not self._shadow:
-                    self._shadow_at += 1  # no match: that step would have been plain
-            index.append(context[position])
-            if score and self._shadow:
-                self._settle_shadow()
+            if score:
+                for replay in replays:
+                    replay.start_if_due(position)
+            token = context[position]
+            index.append(token)
+            if tracker is not None:
+                tracker.append(token)
+            if suffix is not None:
+                suffix.append(token)
+            if score:
+                self._settle(replays)
         if not score:  # nothing replayed: start replaying from here next time
-            self._shadow_at, self._shadow = len(index), []
+            self._replays = self._new_replays(len(index))
 
-    def _settle_shadow(self) -> None:
-        """Score the pending would-be proposal as far as the emitted tokens allow."""
-        tokens, start, proposal = self._index.tokens, self._shadow_at, self._shadow
-        known = len(tokens) - start
-        matched = 0
-        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
-            matched += 1
-        if matched < len(proposal) and matched == known:
-            return  # every emitted token so far matched; wait for more
-        self._scores.append(ShadowScore(self._shadow_kind, len(proposal), matched))
-        self._streak = "hot" if matched == len(proposal) else ("warm" if matched else "cold")
-        self._shadow_at = start + matched + 1  # the target's own token follows the accepted ones
-        self._shadow = []
+    def _settle(self, replays: list[ShadowReplay]) -> None:
+        """Keep the scores the latest token decided; the lookup's (the first) sets the streak."""
+        for replay in replays:
+            scored = replay.settle(self._index.tokens)
+            if scored is None:
+                continue
+            self._scores.append(scored)
+            if replay is replays[0]:
+                self._streak = ("hot" if scored.matched == scored.proposed
+                                else ("warm" if scored.matched else "cold"))
+
+    def _new_replays(self, at: int) -> list[ShadowReplay]:
+        """A replay per source, from position ``at``: the lookup, the edits, the suffix index."""
+        replays = [ShadowReplay(self.lookup, self.lookahead, at)]
+        if self.edits:
+            replays.append(ShadowReplay(self._edit_search, self.edit_lookahead, at))
+        if self.suffix is not None:
+            replays.append(ShadowReplay(self.suffix_search, self.suffix_lookahead, at))
+        return replays
 
 
 class NgramModelDrafter:
@@ -236,8 +343,7 @@ class NgramModelDrafter:
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.ngram.sync(context, score=True)
-        found, kind = self.ngram.search(budget.most)
-        proposal = self.ngram.proposal(found[:budget.for_source(kind)], kind)
+        proposal = self.ngram.proposal(*self.ngram.choose(budget))
         if proposal.tokens:
             return self._filled(context, proposal, budget.most, params, rng)
         drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)

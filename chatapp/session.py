@@ -21,6 +21,7 @@ from chatapp.backends.base import ChatMessage
 from chatapp.draft_policy import DraftPolicy
 from chatapp.engine import ContextOverflowError, GenerationSettings, SpeculativeEngine
 from chatapp.events import Event
+from chatapp.suffix_drafter import SuffixSource
 
 # Room kept free for the reply when trimming: at least this many tokens, at most max_tokens.
 MIN_REPLY_ROOM = 64
@@ -42,10 +43,15 @@ def fallback_template_note(model_name: str) -> str:
 
 class ChatSession:
     def __init__(self, engine: SpeculativeEngine, settings: GenerationSettings,
-                 seed: int, system_prompt: str = "", notes: tuple[str, ...] = ()) -> None:
-        """``notes``: what the user should be told once about how the models run here."""
+                 seed: int, system_prompt: str = "", notes: tuple[str, ...] = (),
+                 history_index: SuffixSource | None = None) -> None:
+        """``notes``: what the user should be told once about how the models run here.
+        ``history_index``: the default drafter's suffix index over the history; the conversation
+        tells it which chat is open and which was deleted (``SuffixSource.open_chat``,
+        ``remove_chat``)."""
         self.engine = engine
         self.notes = notes
+        self.history_index = history_index
         self.settings = settings
         self.seed = seed
         self.system_prompt = system_prompt

@@ -143,7 +143,9 @@ def test_replies_follow_the_target_law(case: str) -> None:
     assert sum(n for (_, size), n in drafted.items() if size >= 2) > SAMPLES // 4
     assert sources[TokenSource.RESAMPLED] > 0 and sources[TokenSource.BONUS] > 0
     if case.startswith("ngram+model"):
-        assert {source for source, size in drafted if size} == {"ngram", "model"}
+        # the lookup and the model both drafted (and the speculative edits may have)
+        assert {"ngram", "model"} <= {source for source, size in drafted if size} <= {
+            "ngram", "edit", "model"}
 
 
 def test_the_test_rejects_a_verifier_that_resamples_from_p(

@@ -15,7 +15,7 @@ import numpy as np
 from chatapp.backends.base import Backend, ChatMessage
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, generation_speed, make_row
-from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
+from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy
 from chatapp.drafting import Drafter
@@ -130,9 +130,11 @@ class Bench:
         target = self.backends.target
         drafter: Drafter | None = None
         if spec.drafter is not None:
-            config = dataclasses.replace(self.config, drafter=spec.drafter)
-            draft = None if spec.drafter == "ngram" else self._draft_backend()
-            drafter = make_drafter(config, target, draft=draft)
+            name = spec.drafter.removesuffix(NO_EDITS)
+            config = dataclasses.replace(self.config, drafter=name)
+            draft = None if name == "ngram" else self._draft_backend()
+            drafter = make_drafter(config, target, draft=draft,
+                                   edits=not spec.drafter.endswith(NO_EDITS))
         return SpeculativeEngine(target, drafter), self._policy(spec)
 
     def _policy(self, spec: RunSpec) -> DraftPolicy:

@@ -8,11 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatapp.options import DRAFTERS
 from chatapp.thread_tuner import ThreadChoice, make_thread_choice
 
 PROMPTS_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_prompts.json"
 DEFAULT_K_VALUES = tuple(range(1, 9))
 TARGET = "target"  # the name of the target-only configuration, the reference of every ratio
+NO_EDITS = "-noedit"  # "ngram-noedit", "ngram+model-noedit": without speculative edits
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class RunSpec:
             return cls(None)
         drafter, _, k = text.rpartition(":")
         drafter = drafter or "model"
-        if drafter not in ("model", "ngram", "ngram+model"):
+        if drafter.removesuffix(NO_EDITS) not in DRAFTERS or drafter == "model" + NO_EDITS:
             raise ValueError(f"unknown drafter {drafter!r} in bench configuration {text!r}")
         if k == "auto":
             return cls(drafter, None)

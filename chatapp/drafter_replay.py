@@ -1,0 +1,101 @@
+"""Replay the model-free drafter over the target's greedy replies of a bench run: tokens per
+target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
+
+    python -m chatapp.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
+
+``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
+Each prompt is re-tokenized with the target's chat template (the model file is opened, not run).
+At every step the drafter proposes up to K tokens, the longest prefix that matches the reply is
+accepted and the reply's next token follows, as greedy verification would do. ``--history``
+puts the other prompts' chats in the suffix index first (the user's earlier chats). ``--trace``
+prints each step of one prompt: the source, what it proposed, what the target wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from chatapp.backends.base import Backend, ChatMessage
+from chatapp.bench import load_prompts
+from chatapp.config import Config
+from chatapp.drafting import DraftBudget
+from chatapp.loader import load_backend
+from chatapp.ngram import NgramDrafter
+from chatapp.sampling import SamplingParams
+from chatapp.suffix_drafter import SuffixSource
+from chatapp.suffix_index import HistoryCorpus
+
+RNG = np.random.default_rng(0)  # unused: the drafter is deterministic
+
+
+def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k: int,
+           piece: Callable[[int], str] | None = None) -> int:
+    """Target calls to produce ``reply`` after ``prompt`` with ``drafter`` proposing up to ``k``
+    tokens a step (greedy verification); with ``piece`` (a token's text), print every step."""
+    context = list(prompt)
+    drafter.prefill(context[:-1])
+    at = calls = 0
+    while at < len(reply):
+        budget = DraftBudget.uniform(min(k, len(reply) - at - 1))
+        drafted = drafter.propose(context, budget, SamplingParams(), RNG)
+        proposal = drafted.tokens
+        matched = 0
+        while matched < len(proposal) and proposal[matched] == reply[at + matched]:
+            matched += 1
+        emitted = reply[at:at + matched + 1]
+        if piece is not None:
+            shown = "".join(piece(t) for t in proposal[:16])
+            print(f"{at:4d} {drafted.source or '-':<18} accepted {matched:2d}/{len(proposal):2d} "
+                  f"proposed {shown!r} wrote {''.join(piece(t) for t in emitted)!r}")
+        context.extend(emitted)
+        at += len(emitted)
+        calls += 1
+    return calls
+
+
+def _piece(target: Backend) -> Callable[[int], str]:
+    return lambda token: target.token_bytes(token).decode("utf-8", "replace")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bench_json", type=Path)
+    parser.add_argument("--k", default="3,8,16", help="comma-separated draft lengths")
+    parser.add_argument("--trace", help="print every step of this prompt (at the first K)")
+    parser.add_argument("--history", action="store_true",
+                        help="index the other prompts' chats first (earlier chats)")
+    args = parser.parse_args(argv)
+    config = dataclasses.replace(Config(), n_ctx=2048, threads=1)
+    target = load_backend(config.target, "target", config)
+    texts = {p.id: p.text for p in load_prompts()}
+    system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
+    rows = [r for r in json.loads(args.bench_json.read_text())["rows"] if r["config"] == "target"]
+    chats = {r["prompt"]: (target.chat_prompt(system + [ChatMessage("user", texts[r["prompt"]])]),
+                           r["output"]) for r in rows if r["prompt"] in texts}
+    ks = [int(k) for k in args.k.split(",")]
+    print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks) + "  (tokens per call)")
+    for name, (prompt, reply) in chats.items():
+        per_call = []
+        for i, k in enumerate(ks):
+            corpus = HistoryCorpus()
+            if args.history:
+                for other, (p, r) in chats.items():
+                    if other != name:
+                        corpus.add_chat_text(other, p + r)
+            drafter = NgramDrafter(target.vocab_size, suffix=SuffixSource(corpus))
+            traced = args.trace == name and i == 0
+            per_call.append(len(reply) / replay(drafter, prompt, reply, k,
+                                                 _piece(target) if traced else None))
+        print(f"{name:<20}" + "".join(f"{v:8.2f}" for v in per_call))
+    target.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,344 @@
+"""Speculative edits: draft the reply from the source it is rewriting.
+
+A code edit (a rename, a replaced call, an added argument) is the source again with small changes
+on many lines, so an n-gram lookup keeps losing its match at every change. ``EditTracker`` instead
+keeps a cursor into the source (an earlier span of the context, typically the code in the user's
+message) and follows the reply through it token by token:
+
+- synced: the reply's token is the one the cursor predicted; the cursor moves on.
+- diverged: the reply wrote something else. The tracker looks for where the reply re-joins the
+  source, within ``window`` tokens ahead of where they parted (the candidate whose preceding
+  tokens match the reply's latest ones best, the nearest of equals). Until then it guesses once
+  that the token was replaced one for one ("step past" it); after that it proposes nothing, and
+  after ``patience`` tokens without re-joining it drops the cursor. A cursor that had matched
+  ``CONFIDENT_RUN`` tokens moves to another part of the context meanwhile only on a match of
+  ``LEAVE_MATCH`` tokens: a short one (the instruction quoting the new code, ``timeout=10.0``)
+  must not take it out of the code it follows.
+- no cursor: it acquires one where the reply's last ``acquire_n`` tokens occurred before (among
+  the latest occurrences, the one preceded by the longest match).
+
+When the reply re-joins, what it wrote in place of the skipped source span is a substitution
+(source ``A`` -> reply ``B``; an insertion is keyed by the two tokens before it and the one
+after, and by the one after alone: a parameter added before every ``):``); it is learnt once
+``CONFIRM`` tokens after the re-join match too, and applied wherever the source has ``A`` again
+(once ``items`` became ``entries``, every later ``items`` is proposed as ``entries``). A
+substitution the reply contradicts is forgotten.
+
+Proposals are a deterministic function of the context, so they are one-hot and verification
+stays exact at any temperature. Every update is O(1) per appended token (dictionary look-ups and
+a bounded scan), independent of the context length; a proposal of k tokens costs O(k).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chatapp.drafting import DraftBudget, Proposal, one_hot_rows
+from chatapp.sampling import SamplingParams
+
+EDIT_KIND = "edit"
+EDIT_RUN = f"{EDIT_KIND}-run"  # the kind of a confident cursor's proposal
+CONFIDENT_RUN = 4  # tokens matched since the last re-join for a cursor to count as confident
+CONFIRM = 2  # tokens that must match after a re-join before its substitution is learnt
+MAX_SUBST = 8  # longest source or reply span of a learnt substitution
+LEAVE_MATCH = 8  # a diverged cursor moves elsewhere only for a match this long (else re-joins)
+
+
+@dataclass
+class _Cursor:
+    """Where the reply stands in the source: the next source position ``pos``, the rest of a
+    substitution being written (``pending``, replacing ``source[sub_start:pos]``), and how many
+    reply tokens have matched since the cursor was last placed (``run``)."""
+
+    pos: int
+    pending: tuple[int, ...] = ()
+    sub_start: int = 0
+    run: int = 0
+
+
+@dataclass(frozen=True)
+class _Divergence:
+    """The reply left the source at source position ``source_at`` with its token at context
+    position ``reply_at``; ``source_end`` is where the re-join must be found by."""
+
+    source_at: int
+    reply_at: int
+    source_end: int
+    settled: bool = False  # the cursor had matched CONFIDENT_RUN tokens or more before it
+
+
+class EditTracker:
+    """Follows a growing token sequence through the earlier span it rewrites; see the module
+    docstring. Feed every token with ``append``; ``propose`` never changes the state."""
+
+    def __init__(self, window: int = 48, patience: int = 12, acquire_n: int = 3,
+                 candidates: int = 8) -> None:
+        if acquire_n < 2:
+            raise ValueError(f"acquire_n must be at least 2, got {acquire_n}")
+        self.window = window
+        self.patience = patience
+        self.acquire_n = acquire_n
+        self.candidates = candidates
+        self.tokens: list[int] = []
+        self._positions: dict[int, list[int]] = {}  # token -> its positions, ascending
+        self._grams: dict[tuple[int, ...], list[int]] = {}  # acquire_n-gram -> ends, ascending
+        self._subs: dict[int, dict[tuple[int, ...], tuple[int, ...]]] = {}  # first token -> A -> B
+        # (2 before, 1 after) or (1 after,) -> inserted tokens
+        self._inserts: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._cursor: _Cursor | None = None
+        self._lost: _Divergence | None = None
+        self._rejoined: _Divergence | None = None  # the divergence of a re-join not yet confirmed
+        self._candidate: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def forget_substitutions(self) -> None:
+        """Drop the learnt substitutions (at the start of a reply: those seen in the prompt are
+        not the edit being made)."""
+        self._subs.clear()
+        self._inserts.clear()
+        self._candidate = None
+
+    # -- proposing ------------------------------------------------------------------------------
+
+    def propose(self, k: int) -> tuple[list[int], str]:
+        """Up to ``k`` tokens the reply is expected to continue with, and their kind: "edit-run"
+        (the cursor has matched ``CONFIDENT_RUN`` tokens or more), "edit-new" (fewer), or
+        "edit-step" (a guess right after a divergence). Empty when there is no alignment."""
+        cursor = self._cursor
+        if cursor is None or k <= 0:
+            return [], EDIT_KIND
+        if self._lost is not None:
+            if len(self.tokens) - self._lost.reply_at != 1:
+                return [], EDIT_KIND
+            # one token replaced by another: guess that it is replaced where it recurs after
+            # the same token
+            at = self._lost.source_at
+            guess = (self.tokens[at - 1], self.tokens[at], self.tokens[self._lost.reply_at])
+            return self._continuation(cursor, k, guess), f"{EDIT_KIND}-step"
+        kind = f"{EDIT_KIND}-{'run' if cursor.run >= CONFIDENT_RUN else 'new'}"
+        return self._continuation(cursor, k), kind
+
+    def _continuation(self, cursor: _Cursor, k: int,
+                      guess: tuple[int, int, int] | None = None) -> list[int]:
+        """The source from ``cursor`` with the learnt substitutions applied, up to ``k`` tokens;
+        ``guess`` (before, old, new): also replace ``old`` by ``new`` where it follows
+        ``before``."""
+        out = list(cursor.pending[:k])
+        tokens, pos, end = self.tokens, cursor.pos, len(self.tokens)
+        while len(out) < k and pos < end:
+            span, replacement = self._substitution_at(pos)
+            if not span and guess is not None and (tokens[pos - 1], tokens[pos]) == guess[:2]:
+                span, replacement = 1, guess[2:]
+            if span:
+                out.extend(replacement)
+                pos += span
+            else:
+                out.append(tokens[pos])
+                pos += 1
+        return out[:k]
+
+    def _substitution_at(self, pos: int) -> tuple[int, tuple[int, ...]]:
+        """(length of the source span a learnt substitution replaces at ``pos``, its non-empty
+        replacement), or (0, ()). An insertion before ``pos`` is returned as replacing the token
+        at ``pos`` by the inserted tokens and that token."""
+        tokens = self.tokens
+        inserted = (self._inserts.get(tuple(tokens[pos - 2:pos + 1])) if pos >= 2 else None
+                    ) or self._inserts.get((tokens[pos],))
+        subs = self._subs.get(tokens[pos])
+        if subs:
+            for source, replacement in subs.items():
+                n = len(source)
+                if tuple(tokens[pos:pos + n]) == source:
+                    return n, (inserted or ()) + replacement
+        if inserted:
+            return 1, inserted + (tokens[pos],)
+        return 0, ()
+
+    # -- following the sequence -----------------------------------------------------------------
+
+    def append(self, token: int) -> None:
+        """Add the next token of the sequence and move the cursor accordingly."""
+        if self._lost is None and self._cursor is not None:
+            self._follow(self._cursor, token)
+        if self._lost is not None:
+            self._rejoin(token)
+        elif self._cursor is None:
+            self._acquire(token)
+        self._index(token)
+
+    def _follow(self, cursor: _Cursor, token: int) -> None:
+        """A token while synced: advance on a match, else diverge."""
+        tokens, at = self.tokens, len(self.tokens)
+        if cursor.pending:
+            if cursor.pending[0] == token:
+                cursor.pending = cursor.pending[1:]
+                self._matched(cursor)
+                return
+            self._forget_substitution(cursor.sub_start, cursor.pos)
+            self._diverge(cursor.sub_start, at)
+            return
+        if cursor.pos >= at:
+            self._cursor = None  # ran into the sequence's own end: nothing left to follow
+            return
+        span, replacement = self._substitution_at(cursor.pos)
+        if span and replacement[0] == token:
+            cursor.sub_start, cursor.pos = cursor.pos, cursor.pos + span
+            cursor.pending = replacement[1:]
+            self._matched(cursor)
+        elif tokens[cursor.pos] == token:
+            if span:  # the reply kept the source as it was: that substitution does not hold
+                self._forget_substitution(cursor.pos, cursor.pos + span)
+            cursor.pos += 1
+            self._matched(cursor)
+        else:
+            if span:
+                self._forget_substitution(cursor.pos, cursor.pos + span)
+            self._diverge(cursor.pos, at)
+
+    def _matched(self, cursor: _Cursor) -> None:
+        cursor.run += 1
+        self._rejoined = None
+        if self._candidate is not None and cursor.run >= CONFIRM:  # the re-join held: learn it
+            source, replacement, around = self._candidate
+            if source:
+                self._subs.setdefault(source[0], {})[source] = replacement
+            else:
+                self._inserts[around] = self._inserts[around[-1:]] = replacement
+            self._candidate = None
+
+    def _diverge(self, source_at: int, reply_at: int) -> None:
+        self._candidate = None
+        if self._rejoined is not None and self._cursor is not None and self._cursor.run == 0:
+            self._lost, self._rejoined = self._rejoined, None  # that re-join was a coincidence
+            return
+        settled = self._cursor is not None and self._cursor.run >= CONFIDENT_RUN
+        self._lost = _Divergence(source_at, reply_at, source_at + self.window, settled)
+        self._cursor = _Cursor(source_at + 1)  # the one-for-one guess, for the next token
+
+    def _rejoin(self, token: int) -> None:
+        """A token while diverged: re-join the source where the reply's latest tokens match it,
+        keep the one-for-one guess for one token, or give up after ``patience`` tokens."""
+        lost, tokens = self._lost, self.tokens
+        assert lost is not None
+        at = len(tokens)
+        written = at + 1 - lost.reply_at  # reply tokens since the divergence, this one included
+        best, best_match = -1, 0
+        positions = self._positions.get(token, ()) if written >= 2 else ()
+        # from the token before the divergence: inserted lines end as the line before them did
+        first = bisect_left(positions, lost.source_at - 1)
+        for p in positions[first:first + self.candidates]:
+            if p >= lost.source_end:
+                break
+            match = 1
+            while (match < written and p - match >= lost.source_at
+                   and tokens[p - match] == tokens[at - match]):
+                match += 1
+            if match > best_match:
+                best, best_match = p, match
+        if best >= 0:
+            self._lost, self._rejoined = None, lost
+            self._cursor = _Cursor(best + 1)
+            source = tuple(tokens[lost.source_at:best + 1 - best_match])
+            rewritten = best == lost.source_at - 1  # the reply wrote that token again
+            replacement = tuple(tokens[lost.reply_at:at + 1 - best_match + rewritten])
+            if replacement and len(source) <= MAX_SUBST and len(replacement) <= MAX_SUBST and (
+                    lost.source_at >= 2):
+                around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])
+                self._candidate = (source, replacement, around)
+        elif written >= 2 and self._acquire(token, LEAVE_MATCH if lost.settled else 0):
+            self._lost = None  # the reply went on with another part of the context
+        elif written > self.patience:
+            self._lost, self._cursor = None, None
+
+    def _acquire(self, token: int, min_match: int = 0) -> bool:
+        """Place the cursor after the best earlier occurrence of the last ``acquire_n`` tokens
+        (``token`` the last of them), if it is preceded by a match of ``min_match`` tokens or
+        more; False if there is none."""
+        n, tokens = self.acquire_n, self.tokens
+        if len(tokens) < n - 1:
+            return False
+        key = tuple(tokens[len(tokens) - n + 1:]) + (token,)
+        ends = self._grams.get(key)
+        if not ends:
+            return False
+        at = len(tokens)  # this token's position; a candidate end e covers tokens[e-n:e]
+        best, best_match = -1, 0
+        for end in reversed(ends[-self.candidates:]):
+            match = n
+            while match < 4 * n and end - 1 - match >= 0 and (
+                    tokens[end - 1 - match] == tokens[at - match]):
+                match += 1
+            if match > best_match:
+                best, best_match = end, match
+        if best_match < min_match:
+            return False
+        self._cursor, self._rejoined = _Cursor(best), None
+        return True
+
+    def _forget_substitution(self, start: int, end: int) -> None:
+        tokens = self.tokens
+        source = tuple(tokens[start:end])
+        if source:
+            self._subs.get(source[0], {}).pop(source, None)
+        if start >= 2:
+            self._inserts.pop(tuple(tokens[start - 2:start + 1]), None)
+        if start < len(tokens):
+            self._inserts.pop((tokens[start],), None)
+
+    def _index(self, token: int) -> None:
+        tokens = self.tokens
+        tokens.append(token)
+        at = len(tokens) - 1
+        self._positions.setdefault(token, []).append(at)
+        n = self.acquire_n
+        if at >= n:  # the n-gram before this token has this token as its continuation
+            self._grams.setdefault(tuple(tokens[at - n:at]), []).append(at)
+
+
+class EditDrafter:
+    """The edit tracker on its own as a ``Drafter`` ("edit"), for tests and comparisons; the
+    default drafter uses it through ``NgramDrafter``."""
+
+    def __init__(self, vocab_size: int, **tracker_options: int) -> None:
+        self.vocab_size = vocab_size
+        self._options = tracker_options
+        self.tracker = EditTracker(**tracker_options)
+
+    @property
+    def name(self) -> str:
+        return EDIT_KIND
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.sync(context)
+        self.tracker.forget_substitutions()
+
+    def rollback(self, context: Sequence[int], verified: int) -> None:
+        """Nothing: the tracker holds emitted tokens only, never drafts."""
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Feed the tokens of ``context`` not seen yet (start over if it is not an extension)."""
+        tracker = self.tracker
+        known = len(tracker)
+        if len(context) < known or list(context[:known]) != tracker.tokens:
+            self.tracker = tracker = EditTracker(**self._options)
+            known = 0
+        for token in context[known:]:
+            tracker.append(token)
+
+    def close(self) -> None:
+        """Nothing to free: no model."""
+
+    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        self.sync(context)
+        tokens, kind = self.tracker.propose(budget.most)
+        tokens = tokens[:budget.for_source(kind)]
+        if not tokens:
+            return Proposal.empty(self.vocab_size)
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind)

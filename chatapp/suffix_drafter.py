@@ -1,0 +1,62 @@
+"""The history-wide suffix index as a draft source: the open conversation is one of the corpus's
+chats, kept in step with the context the engine drafts for.
+
+``SuffixSource`` is what ``NgramDrafter`` consults after the speculative edits and before the
+n-gram lookup (and so before the draft model in "ngram+model"): it proposes only when the corpus
+has a confident continuation (``HistoryCorpus.propose``), up to ``MAX_PROPOSAL`` tokens, one-hot.
+
+The conversation layer tells it which chat is open (``open_chat``) and which was deleted
+(``remove_chat``); the context the drafter follows (``reset``, then ``append`` per token) is then
+that chat's document in the corpus.
+Without a chat (the bench, ``specchat run`` without history) the context
+is kept under ``LIVE``, replaced whenever the context is not an extension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from chatapp.suffix_index import MAX_PROPOSAL, ChatKey, HistoryCorpus
+
+LIVE = "live"  # the corpus key of a conversation that is not in the history
+
+
+class SuffixSource:
+    """Proposals from a ``HistoryCorpus`` that follows the context; see the module docstring."""
+
+    def __init__(self, corpus: HistoryCorpus, chat: ChatKey = LIVE) -> None:
+        self.corpus = corpus
+        self.chat = chat
+
+    def open_chat(self, chat: ChatKey) -> None:
+        """From now on the context is the text of ``chat`` (a history chat id). Leaving ``LIVE``
+        (a new chat that has just been saved) keeps the text so far as that chat's; leaving
+        another chat keeps its document in the corpus (the next context that is not an extension
+        replaces the new chat's document)."""
+        if chat == self.chat:
+            return
+        if self.chat == LIVE:
+            self.corpus.rename_chat(LIVE, chat)
+        self.chat = chat
+
+    def remove_chat(self, chat: ChatKey) -> None:
+        """``chat`` was deleted from the history: drop its text; if it was open, what follows is
+        a conversation not in the history (``LIVE``)."""
+        self.corpus.remove_chat(chat)
+        if chat == self.chat:
+            self.chat = LIVE
+
+    def reset(self) -> None:
+        """The context starts over (a new or edited conversation): empty the chat's document;
+        ``append`` refills it."""
+        self.corpus.remove_chat(self.chat)
+
+    def append(self, token: int) -> None:
+        """The context grew by ``token``."""
+        self.corpus.extend_chat(self.chat, (token,))
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
+        """Up to ``min(k, MAX_PROPOSAL)`` tokens continuing ``context`` and their kind
+        ("suffix-long" or "suffix-short"); empty when the corpus is not confident."""
+        proposal = self.corpus.propose(context, min(k, MAX_PROPOSAL))
+        return proposal.tokens, proposal.kind

@@ -95,6 +95,7 @@ class Conversation:
         self._attached = True
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
+        self._index_follows_chat()
 
     def release(self) -> None:
         """Close the models (a reload follows, or the chat ends)."""
@@ -180,9 +181,27 @@ class Conversation:
             self.turn.cancel.set()
         self.epoch += 1
         self.chat_id = chat_id
+        self._index_follows_chat()
         stored = self.history.messages(chat_id) if self.history and chat_id is not None else []
         self.entries = [ChatEntry.from_stored(m) for m in stored]
         return self.entries
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Delete chat ``chat_id`` from the history and from the drafter's index of it."""
+        if self.history is not None:
+            self.history.delete_chat(chat_id)
+        self._index_forgets(chat_id)
+
+    def _index_follows_chat(self) -> None:
+        """Tell the default drafter's index of the history which chat the context is."""
+        index = self.session.history_index if self.session is not None else None
+        if index is not None:
+            index.open_chat(self.chat_id)
+
+    def _index_forgets(self, chat_id: int) -> None:
+        index = self.session.history_index if self.session is not None else None
+        if index is not None:
+            index.remove_chat(chat_id)
 
     @property
     def messages(self) -> list[ChatMessage]:
@@ -321,6 +340,7 @@ class Conversation:
             chat = self.history.get_chat(turn.chat_id) if turn.chat_id is not None else None
             if chat is not None and chat.message_count == 0:
                 self._write(self.history.delete_chat, chat.id)
+                self._index_forgets(chat.id)
                 if self.chat_id == chat.id:
                     self.chat_id = None
         return None
@@ -343,6 +363,7 @@ class Conversation:
                                        self.config.target)
             if self.chat_id is None:
                 return None
+            self._index_follows_chat()  # the text so far becomes this chat's
         return self._write(self.history.add_message, self.chat_id, "user", text)
 
     def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:

@@ -28,11 +28,13 @@ class SuffixSource:
         self.corpus = corpus
         self.chat = chat
 
-    def open_chat(self, chat: ChatKey) -> None:
-        """From now on the context is the text of ``chat`` (a history chat id). Leaving ``LIVE``
+    def open_chat(self, chat: ChatKey | None) -> None:
+        """From now on the context is the text of ``chat`` (a history chat id; None: a new chat
+        not saved yet, ``LIVE``). Leaving ``LIVE``
         (a new chat that has just been saved) keeps the text so far as that chat's; leaving
         another chat keeps its document in the corpus (the next context that is not an extension
         replaces the new chat's document)."""
+        chat = LIVE if chat is None else chat
         if chat == self.chat:
             return
         if self.chat == LIVE:

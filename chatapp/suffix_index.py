@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from chatapp.history import HistoryStore, StoredMessage
 
 ORDERS = (2, 3, 4, 6, 8)  # n-gram sizes indexed, ascending
 DEFAULT_CAPACITY = 32768  # tokens indexed in all chats together (about 50 MB at most)
@@ -48,7 +48,16 @@ SHORT_LIMIT = 4  # at most this many tokens are chained on short matches
 SUFFIX_LONG, SUFFIX_SHORT = "suffix-long", "suffix-short"  # the kinds of a proposal
 
 ChatKey = Hashable  # a history chat id, or any key for a conversation not stored (the bench's)
-Render = Callable[[Sequence[StoredMessage]], list[int]]
+Render = Callable[[Sequence[Any]], list[int]]  # a chat's messages -> its tokens
+
+
+class ChatStore(Protocol):
+    """What the index reads of a chat history (``chatapp.history.HistoryStore`` is one): chats
+    with an ``id`` and an ``updated_at``, and each chat's messages."""
+
+    def list_chats(self) -> Sequence[Any]: ...
+
+    def messages(self, chat_id: int) -> Sequence[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class HistoryCorpus:
     # -- keeping it in step -------------------------------------------------------------------
 
     @classmethod
-    def from_store(cls, store: HistoryStore, render: Render,
+    def from_store(cls, store: ChatStore, render: Render,
                    capacity: int = DEFAULT_CAPACITY) -> "HistoryCorpus":
         """The chats of ``store``, newest first until ``capacity`` is reached, each rendered to
         tokens by ``render`` (the target's chat template over the chat's messages)."""
@@ -92,7 +101,7 @@ class HistoryCorpus:
         corpus.sync_store(store, render)
         return corpus
 
-    def sync_store(self, store: HistoryStore, render: Render) -> None:
+    def sync_store(self, store: ChatStore, render: Render) -> None:
         """Drop the chats ``store`` no longer has; add the ones it has that are not indexed,
         newest first, while they fit without evicting."""
         stored = store.list_chats()

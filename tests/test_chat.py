@@ -98,3 +98,34 @@ def test_reconfigure_says_when_the_models_must_load_again(chat):
     assert not chat.reconfigure(dataclasses.replace(CONFIG, temperature=0.2, seed=7))
     assert chat.session.settings.sampling.temperature == 0.2 and chat.session.seed == 7
     assert chat.reconfigure(dataclasses.replace(CONFIG, n_ctx=1024))
+
+
+def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_ones(tmp_path):
+    """The default drafter's suffix index (``session.history_index``) holds the saved chats'
+    text: a new chat's text is kept under its id once saved, and a deleted chat leaves it."""
+    from chatapp.backends.fake import FakeBackend
+    from chatapp.engine import SpeculativeEngine
+    from chatapp.loader import generation_settings, load_history_index, make_drafter
+    from chatapp.session import ChatSession
+
+    config = dataclasses.replace(CONFIG, drafter="ngram")
+    history = HistoryStore(tmp_path / "history.sqlite3")
+    old = history.create_chat("earlier", "d", "t")
+    history.add_message(old, "user", "the spec token")
+    target = FakeBackend()
+    index = load_history_index(history, target, config)
+    assert index.corpus.chats() == [old]
+    engine = SpeculativeEngine(target, make_drafter(config, target, history_index=index))
+    conversation = Conversation(config, history)
+    conversation.attach(ChatSession(engine, generation_settings(config), 0, history_index=index))
+    conversation.open_chat(None)
+    run(conversation, conversation.begin("the draft token"))
+    new = conversation.chat_id
+    assert new is not None and index.chat == new
+    assert set(index.corpus.chats()) == {old, new} and len(index.corpus.document(new)) > 0
+    conversation.delete_chat(old)
+    assert history.get_chat(old) is None and index.corpus.chats() == [new]
+    conversation.open_chat(old := history.create_chat("another", "d", "t"))
+    assert index.chat == old
+    conversation.close()
+    history.close()

@@ -5,7 +5,7 @@ yields, and forwards the user's keys to it; it never calls a model, a drafter or
 itself. The parts of the app live in their own modules: loading the models (``loading``),
 sending and streaming (``replies``), the message actions (``chat_actions``), the keys
 (``keys``) and the ways out (``shutdown``). The model session comes from
-``session_factory(config, progress)`` (``chatapp.loader.build_session`` by default), run in a
+``session_factory(config, progress)`` (``chatapp.loader.build_session`` over the history by default), run in a
 worker thread; tests pass a factory that builds a session on fake backends.
 """
 
@@ -70,7 +70,7 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__()
         self.config_path = config_path
-        self.session_factory: SessionFactory = session_factory or build_session
+        self.session_factory: SessionFactory = session_factory or self._build_session
         self.history_path = history_path
         self.export_dir = export_dir
         self.clock = clock
@@ -116,6 +116,18 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
     @property
     def stats_panel(self) -> StatsPanel:
         return self.query_one("#stats", StatsPanel)
+
+    def _build_session(self, config: Config, progress: ProgressCallback) -> ChatSession:
+        """``build_session`` with the default drafter's index over the saved chats, read through
+        a connection of this (loading) thread's own; without a readable history, without it."""
+        try:
+            store = HistoryStore(self.history_path)
+        except HistoryError:
+            return build_session(config, progress)
+        try:
+            return build_session(config, progress, history=store)
+        finally:
+            store.close()
 
     async def on_mount(self) -> None:
         self._install_signal_handlers()
@@ -280,8 +292,8 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         if history is None:
             self.notify("The history is not available in this session.", severity="error")
             return
-        self.push_screen(ChatListScreen(history, self.chat.chat_id, self.export_dir),
-                         self._chat_chosen)
+        self.push_screen(ChatListScreen(history, self.chat.chat_id, self.export_dir,
+                                        delete_chat=self.chat.delete_chat), self._chat_chosen)
 
     async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
         history, chat_id = self.chat.history, self.chat.chat_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,9 +215,12 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     ]
 
     def __init__(self, history: HistoryStore, current_chat: int | None,
-                 export_dir: object = None) -> None:
+                 export_dir: object = None,
+                 delete_chat: Callable[[int], None] | None = None) -> None:
+        """``delete_chat``: deletes a chat everywhere it is kept (default: from ``history``)."""
         super().__init__()
         self.history = history
+        self.delete_chat = delete_chat or history.delete_chat
         self.current_chat = current_chat
         self.export_dir = export_dir
         self._armed_delete: int | None = None
@@ -288,7 +291,7 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
             status.update("Press d again to delete this chat for good.")
             return
         index = self.query_one(OptionList).highlighted
-        self.history.delete_chat(chat_id)
+        self.delete_chat(chat_id)
         self._armed_delete = None
         status.update("Chat deleted.")
         self.refresh_list(highlight=index)

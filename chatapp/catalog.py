@@ -5,13 +5,13 @@ slices in order gives the GGUF file. ``ensure_model`` joins them once into the u
 checks the sha256 of the result, and records the check so later starts skip it. A model given as
 a path (a .gguf file, or a Hugging Face model directory for the transformers backend) is used as is.
 
-Privacy: every directory specchat creates under its caches is made 0700 (``private_dir``), and
-every file it writes there (the joined GGUF, the ``.verified`` marker, the transformers backend's
-converted safetensors) 0600, whatever the umask. Directories that already existed are left as
-they are (``~/.cache``, or a ``SPECCHAT_MODELS_DIR`` the user made), except specchat's own cache
-root and the folders below it that specchat uses, which are tightened to 0700 (an older version
-created them 0755). Files are made 0600 as well as the folders 0700 because a models directory
-named by ``SPECCHAT_MODELS_DIR`` may be one that specchat does not chmod.
+Privacy (``chatapp.user_files``): every directory specchat creates under its caches is made 0700
+(``private_dir``), and every file it writes there (the joined GGUF, the ``.verified`` marker, the
+transformers backend's converted safetensors) 0600, whatever the umask. Directories that already
+existed are left as they are (``~/.cache``, or a ``SPECCHAT_MODELS_DIR`` the user made), except
+specchat's own cache root and the folders below it that specchat uses, which are tightened to 0700
+(an older version created them 0755). Files are made 0600 as well as the folders 0700 because a
+models directory named by ``SPECCHAT_MODELS_DIR`` may be one that specchat does not chmod.
 """
 
 from __future__ import annotations
@@ -20,15 +20,12 @@ import base64
 import hashlib
 import importlib.metadata as metadata
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
-from platformdirs import user_cache_dir
 
 from chatapp.errors import UserFacingError
+from chatapp.user_files import cache_dir, open_private, private_dir, write_private
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes in all)
 
@@ -122,88 +119,8 @@ def licence_text(spec: ModelSpec) -> Path | None:
     return LICENCE_TEXTS.get(spec.licence.split()[0])
 
 
-PRIVATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
-
-
-def cache_root() -> Path:
-    """specchat's own cache folder (``~/.cache/specchat`` on Linux)."""
-    return Path(user_cache_dir("specchat"))
-
-
 def models_dir() -> Path:
-    return Path(os.environ.get("SPECCHAT_MODELS_DIR") or cache_root() / "models")
-
-
-def private_dir(path: Path) -> Path:
-    """Make sure the folder ``path`` exists, creating it and any missing parents 0700.
-
-    Folders that already existed keep their mode, except specchat's ``cache_root()`` and the ones
-    between it and ``path``, which are tightened to 0700 (they are specchat's, whoever made them).
-    """
-    path = Path(path)
-    missing = []
-    folder = path
-    while not folder.is_dir() and folder.parent != folder:
-        missing.append(folder)
-        folder = folder.parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, PRIVATE_DIR_MODE)
-        except FileExistsError:
-            if not folder.is_dir():
-                raise
-            continue  # made meanwhile by another process, which sets its mode
-        os.chmod(folder, PRIVATE_DIR_MODE)  # mkdir's mode is masked by the umask
-    root = cache_root()
-    for folder in (path, *path.parents):
-        if folder != root and root not in folder.parents:
-            break
-        _tighten(folder, PRIVATE_DIR_MODE)
-    return path
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` as a 0600 file (an existing file is tightened and replaced)."""
-    with open_private(path) as out:
-        out.write(data)
-
-
-def open_private(path: Path) -> BinaryIO:
-    """Open ``path`` for writing from empty, as a 0600 file whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-    try:
-        if hasattr(os, "fchmod"):  # not on Windows before Python 3.13
-            os.fchmod(fd, PRIVATE_FILE_MODE)  # O_CREAT's mode is masked by the umask
-        return os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def make_tree_private(top: Path) -> None:
-    """Make ``top`` and every folder below it 0700 and every file 0600 (for a folder specchat
-    wrote in full, such as a converted model before it is moved into place)."""
-    _tighten(top, PRIVATE_DIR_MODE)
-    for folder, dirs, files in os.walk(top):
-        for name in dirs:
-            _tighten(Path(folder) / name, PRIVATE_DIR_MODE)
-        for name in files:
-            _tighten(Path(folder) / name, PRIVATE_FILE_MODE)
-
-
-def _tighten(path: Path, mode: int) -> None:
-    """chmod ``path`` to ``mode`` if it is not already, and if it is ours to chmod (best effort:
-    a read-only file system or a folder of another user is left as it is)."""
-    try:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode) or stat.S_IMODE(info.st_mode) == mode:
-            return
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            return
-        os.chmod(path, mode)
-    except OSError:
-        pass
+    return Path(os.environ.get("SPECCHAT_MODELS_DIR") or cache_dir() / "models")
 
 
 def install_hint(spec: ModelSpec) -> str:

@@ -19,45 +19,24 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.backends.base import ChatMessage
-from chatapp.config import BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, load_config
+from chatapp.config import Config, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.errors import UserFacingError
+from chatapp.options import OPTIONS, Rule, arg_type, at_least
 
 SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
 
 
-def _draft_length(text: str) -> str:
-    if text == "auto" or (text.isdigit() and int(text) <= MAX_DRAFT_LENGTH):
-        return text
-    raise argparse.ArgumentTypeError(f"must be 0..{MAX_DRAFT_LENGTH} or auto, got {text!r}")
+_positive_int = arg_type(int, at_least(1), "positive_int")
+_non_negative_int = arg_type(int, at_least(0), "non_negative_int")
+_weight = arg_type(float, at_least(0), "weight")
+_port = arg_type(int, Rule("1..65535", lambda port: 1 <= port <= 65535), "port")
 
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+def _option(name: str) -> dict[str, Any]:
+    """argparse's ``type`` (or ``choices``) for the setting ``name``, from ``chatapp.options``."""
+    option = OPTIONS[name]
+    return {"choices": option.choices} if option.choices else {"type": option.arg_type()}
 
 
 def _bench_configs(text: str) -> list[Any]:
@@ -82,24 +61,26 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--config", type=Path, help="config file (default: the user config dir)")
     common.add_argument("--draft", help="draft model: catalog alias or path")
     common.add_argument("--target", help="target model: catalog alias or path")
-    common.add_argument("--backend", choices=BACKENDS, help="llama (GGUF, llama.cpp) or hf (PyTorch)")
-    common.add_argument("--draft-backend", choices=DRAFT_BACKENDS,
+    common.add_argument("--backend", **_option("backend"),
+                        help="llama (GGUF, llama.cpp) or hf (PyTorch)")
+    common.add_argument("--draft-backend", **_option("draft_backend"),
                         help="the draft model's backend (default: same as the target's)")
-    common.add_argument("--drafter", choices=DRAFTERS, help="who proposes draft tokens")
-    common.add_argument("-k", "--draft-length", type=_draft_length,
+    common.add_argument("--drafter", **_option("drafter"), help="who proposes draft tokens")
+    common.add_argument("-k", "--draft-length", **_option("draft_length"),
                         help=f"draft tokens per step, 0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto")
-    common.add_argument("--temperature", type=_non_negative_float, help="0 = greedy")
-    common.add_argument("--top-k", type=_non_negative_int, help="0 = off")
-    common.add_argument("--top-p", type=_top_p, help="nucleus mass in (0, 1]; 1 = off")
-    common.add_argument("--seed", type=int, help="random seed (default: a new one per start)")
-    common.add_argument("--max-tokens", type=_positive_int, help="longest reply, in tokens")
+    common.add_argument("--temperature", **_option("temperature"), help="0 = greedy")
+    common.add_argument("--top-k", **_option("top_k"), help="0 = off")
+    common.add_argument("--top-p", **_option("top_p"), help="nucleus mass in (0, 1]; 1 = off")
+    common.add_argument("--seed", **_option("seed"),
+                        help="random seed (default: a new one per start)")
+    common.add_argument("--max-tokens", **_option("max_tokens"), help="longest reply, in tokens")
     common.add_argument("--system", dest="system_prompt", help="system prompt")
-    common.add_argument("--n-ctx", type=_positive_int, help="context window, in tokens")
-    common.add_argument("--threads", type=_positive_int, help="CPU threads")
-    common.add_argument("--gpu-layers", type=int, help="layers offloaded to the GPU (llama backend)")
-    common.add_argument("--device", help="auto, cpu or cuda (hf backend)")
-    common.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="weights dtype (hf backend)")
+    common.add_argument("--n-ctx", **_option("n_ctx"), help="context window, in tokens")
+    common.add_argument("--threads", **_option("threads"), help="CPU threads")
+    common.add_argument("--gpu-layers", **_option("gpu_layers"),
+                        help="layers offloaded to the GPU (llama backend)")
+    common.add_argument("--device", **_option("device"), help="auto, cpu or cuda (hf backend)")
+    common.add_argument("--dtype", **_option("dtype"), help="weights dtype (hf backend)")
     common.add_argument("--rpc", type=_endpoints, help="the target's layers on these RPC "
                         "servers (`specchat rpc-server` there), comma-separated host:port; the "
                         "draft stays here")
@@ -118,7 +99,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 
 
 def _weights(text: str) -> tuple[float, ...]:
-    return tuple(_non_negative_float(part) for part in text.split(",") if part.strip())
+    return tuple(_weight(part) for part in text.split(",") if part.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,13 +161,6 @@ def _add_rpc_server_parser(commands: Any) -> None:
     server.add_argument("--device", dest="server_devices", type=_names, default=[],
                         help="devices to serve, comma-separated, e.g. CUDA0 or CPU (default: the "
                         "accelerators, else the CPU)")
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 1..65535, got {text}")
-    return value
 
 
 def _names(text: str) -> list[str]:

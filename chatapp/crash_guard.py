@@ -21,9 +21,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from platformdirs import user_state_dir
+from chatapp.user_files import open_private_log, state_dir
 
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
                            signal.SIGABRT})
@@ -36,7 +36,7 @@ def crash_log_path() -> Path:
     """Where the stacks of a native crash go (``~/.local/state/specchat/crash.log`` on Linux);
     ``SPECCHAT_CRASH_LOG`` overrides it."""
     override = os.environ.get("SPECCHAT_CRASH_LOG")
-    return Path(override) if override else Path(user_state_dir("specchat")) / "crash.log"
+    return Path(override) if override else state_dir() / "crash.log"
 
 
 def supervised(run: Callable[[], int]) -> int:
@@ -73,7 +73,7 @@ def crash_line(signum: int, log: Path) -> str | None:
 def _log_faults_to(path: Path) -> None:
     """On a fatal signal, append a header and every thread's stack to ``path`` (0600)."""
     try:
-        log = _open_log(path)
+        log = open_private_log(path)
     except OSError:
         faulthandler.enable(all_threads=True)  # stderr, better than nothing
         return
@@ -81,14 +81,6 @@ def _log_faults_to(path: Path) -> None:
               f"{' '.join(sys.argv)}\n")
     log.flush()
     faulthandler.enable(file=log, all_threads=True)
-
-
-def _open_log(path: Path) -> IO[str]:
-    from chatapp.catalog import PRIVATE_FILE_MODE, private_dir
-
-    private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
-    return os.fdopen(fd, "a", buffering=1)
 
 
 def _wait_forwarding_signals(pid: int, mask: set[signal.Signals]) -> int:

@@ -17,7 +17,6 @@ database's mode). The store is used from one thread (the UI's); every write is o
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import time
@@ -27,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from platformdirs import user_data_dir, user_documents_dir
-
 from chatapp.errors import UserFacingError
 from chatapp.events import TokenSource
 from chatapp.stats import TurnStats
+from chatapp.user_files import (create_private_file, data_dir, documents_dir, private_dir,
+                                write_private)
 
 Runs = list[tuple[str, TokenSource]]
 
@@ -72,18 +71,14 @@ class HistoryError(UserFacingError, RuntimeError):
     """The history database cannot be used; the message says why and what to do."""
 
 
-def default_data_dir() -> Path:
-    return Path(user_data_dir("specchat"))
-
-
 def default_history_path() -> Path:
-    return default_data_dir() / "history.sqlite3"
+    return data_dir() / "history.sqlite3"
 
 
 def default_export_dir() -> Path:
     """The user's documents folder when there is one, else an exports folder in the data dir."""
-    documents = Path(user_documents_dir())
-    return documents if documents.is_dir() else default_data_dir() / "exports"
+    documents = documents_dir()
+    return documents if documents.is_dir() else data_dir() / "exports"
 
 
 @dataclass(frozen=True)
@@ -135,7 +130,7 @@ class HistoryStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_history_path()
         try:
-            _prepare_private_file(self.path)
+            create_private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout=5000")
             self._use_wal()
@@ -276,19 +271,17 @@ class HistoryStore:
 
     def export_markdown(self, chat_id: int, directory: Path | None = None) -> Path:
         """Write the chat as Markdown into ``directory``; returns the file's path. The file is
-        created readable by the user only (0600), like the history it comes from."""
+        written atomically and readable by the user only (0600), like the history it comes from;
+        a folder created for it is 0700."""
         chat = self.get_chat(chat_id)
         if chat is None:
             raise HistoryError(f"There is no chat {chat_id} in {self.path}.")
         directory = Path(directory) if directory is not None else default_export_dir()
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)
         slug = re.sub(r"[^a-z0-9]+", "-", chat.title.lower()).strip("-")[:40] or "chat"
         path = directory / f"specchat-{chat.id}-{slug}.md"
         text = chat_markdown(chat, self.messages(chat_id))
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                       encoding="utf-8") as file:
-            file.write(text)
-        os.chmod(path, 0o600)
+        write_private(path, text.encode("utf-8"))
         return path
 
 
@@ -317,15 +310,3 @@ def turn_summary(stats: TurnStats, meta: dict[str, Any]) -> str:
                   f"{stats.mean_accepted_length:.2f} tokens per target call"]
     return " · ".join(parts)
 
-
-def _prepare_private_file(path: Path) -> None:
-    """Create the folder (0700 when we make it) and the file (0600) before SQLite opens it."""
-    folder = path.parent
-    if not folder.is_dir():
-        folder.mkdir(mode=0o700, parents=True)
-        os.chmod(folder, 0o700)
-    elif folder == default_data_dir():
-        os.chmod(folder, 0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
-    os.chmod(path, 0o600)

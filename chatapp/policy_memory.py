@@ -18,11 +18,9 @@ import json
 import os
 from pathlib import Path
 
-from platformdirs import user_state_dir
-
-from chatapp.catalog import private_dir
-from chatapp.config import Config, write_atomically
 from chatapp.auto_policy import AutoDraftLength
+from chatapp.config import Config
+from chatapp.user_files import private_dir, state_dir, write_private
 
 
 def memory_path(config: Config) -> Path:
@@ -34,7 +32,7 @@ def memory_path(config: Config) -> Path:
     if config.rpc:  # another layout of the target's layers has other costs
         what += ["rpc", *config.rpc, *map(str, config.tensor_split)]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
-    return Path(user_state_dir("specchat")) / "auto-policy" / f"{key}.json"
+    return state_dir() / "auto-policy" / f"{key}.json"
 
 
 def recall(policy: AutoDraftLength, path: Path) -> bool:
@@ -50,6 +48,6 @@ def remember(policy: AutoDraftLength, path: Path) -> None:
     """Write ``policy``'s measurements to ``path`` (atomically, 0600); failures are skipped."""
     try:
         private_dir(path.parent)
-        write_atomically(path, json.dumps(policy.learnt()).encode("utf-8"))
+        write_private(path, json.dumps(policy.learnt()).encode("utf-8"))
     except OSError:
         pass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp import catalog
+from chatapp import catalog, user_files
 from chatapp.catalog import (CATALOG, ModelIntegrityError, ModelNotFoundError, ModelPart, ModelSpec,
                              ensure_model, is_ready, resolve_model)
 
@@ -114,7 +114,7 @@ def fake_home_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home_cache = tmp_path / "home" / ".cache"
     home_cache.mkdir(parents=True)
     home_cache.chmod(0o755)
-    monkeypatch.setattr(catalog, "user_cache_dir", lambda app: str(home_cache / app))
+    monkeypatch.setattr(user_files, "user_cache_dir", lambda app: str(home_cache / app))
     return home_cache
 
 

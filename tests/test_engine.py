@@ -150,28 +150,6 @@ def test_after_rejections_the_target_cache_matches_a_fresh_evaluation() -> None:
     assert list(engine.target.cached_tokens) == history
 
 
-def test_sampled_first_two_tokens_follow_the_target_distribution() -> None:
-    """Statistical: speculative sampling reproduces the target's joint law of two tokens."""
-    params = SamplingParams(1.0)
-    target = FakeBackend(sharpness=1.2)
-    p1 = probabilities(evaluate_sequence(FakeBackend(sharpness=1.2), PROMPT, 1)[0], params)
-    joint = np.zeros((target.vocab_size, target.vocab_size))
-    for first in np.flatnonzero(p1 > 1e-4):
-        row = evaluate_sequence(FakeBackend(sharpness=1.2), PROMPT + [int(first)], 1)[0]
-        joint[first] = p1[first] * probabilities(row, params)
-    engine = SpeculativeEngine(target, ModelDrafter(FakeBackend(sharpness=1.2, noise=1.5)))
-    rng = np.random.default_rng(123)
-    counts = np.zeros_like(joint)
-    settings = GenerationSettings(params, max_tokens=2)
-    for _ in range(3000):
-        ids = _ids(list(engine.generate(PROMPT, settings, rng, FixedDraftLength(3))))
-        if len(ids) == 2:
-            counts[ids[0], ids[1]] += 1
-    joint[:, 0] = 0.0  # a stop token as second token ends the reply early: condition on two
-    joint /= joint.sum()
-    assert fits(counts.ravel(), joint.ravel())
-
-
 def test_text_is_streaming_safe_across_a_split_character() -> None:
     stream = TextStream()
     assert stream.push(b"\xc3") == ""

@@ -60,10 +60,14 @@ def test_caches_track_history_through_k_changes_cancels_and_rejections(plans: li
         assert done.stats.tokens == len(reply) <= plan["max_tokens"]
         if done.finish_reason == FinishReason.CANCELLED:
             assert plan["cancel_at"] is not None
+        prompt_length = len(history)
         history = history + reply
         for backend in (target, draft):
             cached = list(backend.cached_tokens)
             assert cached == history[: len(cached)]  # a prefix of the history, nothing else
+        # and the caches are kept: all but the newest token (the target), the prompt (the draft)
+        assert len(target.cached_tokens) >= len(history) - 1
+        assert len(draft.cached_tokens) >= prompt_length - 1
         history = history + target.tokenize("user: and\nassistant: ")
     # The state left behind gives the same logits as a fresh model on the same history.
     assert np.array_equal(evaluate_sequence(target, history, 1),

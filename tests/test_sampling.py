@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from chatapp.backends.fake import FakeBackend
+from chatapp.draft_policy import FixedDraftLength
+from chatapp.drafting import ModelDrafter
+from chatapp.engine import GenerationSettings, SpeculativeEngine
+from chatapp.events import TokenEvent
 from chatapp.sampling import SamplingParams, probabilities, sample
 from tests.stat_tools import fits
+
+PROMPT = FakeBackend().tokenize("user: the draft\nassistant: ")
 
 
 def test_greedy_is_one_hot_on_the_argmax() -> None:
@@ -91,8 +98,14 @@ def test_sample_follows_the_distribution_and_never_picks_zero_mass() -> None:
     assert fits(counts, probs)
 
 
-def test_same_seed_same_draws() -> None:
-    probs = np.full(50, 1 / 50)
-    a = [sample(probs, np.random.default_rng(42)) for _ in range(3)]
-    b = [sample(probs, np.random.default_rng(42)) for _ in range(3)]
-    assert a == b
+def test_same_seed_same_reply_through_the_engine() -> None:
+    """The engine draws only from the generator it is given: the same seed gives the same
+    sampled reply (drafts, rejections and all), another seed another reply."""
+    def reply(seed: int) -> list[int]:
+        engine = SpeculativeEngine(FakeBackend(), ModelDrafter(FakeBackend(noise=1.0)))
+        settings = GenerationSettings(SamplingParams(temperature=1.0), max_tokens=40)
+        return [e.id for e in engine.generate(PROMPT, settings, np.random.default_rng(seed),
+                                              FixedDraftLength(3)) if isinstance(e, TokenEvent)]
+
+    assert reply(42) == reply(42)
+    assert len({tuple(reply(seed)) for seed in range(5)}) > 1

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from chatapp.errors import UserFacingError
+from chatapp.thread_tuner import ThreadChoice
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,38 @@ class ChatMessage:
 
 class BackendError(UserFacingError, RuntimeError):
     """A model could not be loaded or run; the message says what to do about it."""
+
+
+class ModelFacts:
+    """What every backend keeps about its loaded model, and the ``Backend`` properties that only
+    read it. A backend sets ``_name``, ``_vocab_size``, ``_n_ctx`` and ``thread_choice`` when it
+    loads; ``use_threads`` lets another part (the bench) choose the thread count instead."""
+
+    _name: str
+    _vocab_size: int
+    _n_ctx: int
+    thread_choice: ThreadChoice
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def threads(self) -> int:
+        """The CPU thread count evaluations use now."""
+        return self.thread_choice.current
+
+    def use_threads(self, choice: ThreadChoice) -> None:
+        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
+        self.thread_choice = choice
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chatapp.backends.base import ChatMessage
+from chatapp.backends.base import ChatMessage, ModelFacts
 from chatapp.thread_tuner import FixedThreads, ThreadChoice
 
 STOP_ID = 0
@@ -27,7 +27,7 @@ _PIECES: list[bytes] = (
 )
 
 
-class FakeBackend:
+class FakeBackend(ModelFacts):
     def __init__(self, seed: int = 0, noise: float = 0.0, n_ctx: int = 4096, sharpness: float = 2.5,
                  delay_s: float = 0.0, name: str = "fake", vocab_size: int | None = None,
                  has_chat_template: bool = True) -> None:
@@ -46,26 +46,6 @@ class FakeBackend:
         self.evaluate_calls: list[int] = []  # number of tokens fed per call, for tests
         self.thread_choice: ThreadChoice = FixedThreads(1)
         self.evaluate_threads: list[int] = []  # the thread count each call was given, for tests
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    def use_threads(self, choice: ThreadChoice) -> None:
-        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
-        self.thread_choice = choice
-
-    @property
-    def threads(self) -> int:
-        return self.thread_choice.current
 
     @property
     def stop_ids(self) -> frozenset[int]:

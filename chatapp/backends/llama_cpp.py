@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from chatapp.backends import amx_guard
-from chatapp.backends.base import BackendError, ChatMessage
+from chatapp.backends.base import BackendError, ChatMessage, ModelFacts
 from chatapp.chat_template import render_chat
-from chatapp.thread_tuner import ThreadChoice, available_cores, make_thread_choice
+from chatapp.thread_tuner import available_cores, make_thread_choice
 
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -124,7 +124,7 @@ def check_gguf_file(path: Path) -> None:
                            "assemble it again and check its sha256.")
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(ModelFacts):
     """One GGUF model and its KV cache (one sequence). Not thread-safe: one caller at a time."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None,
@@ -243,27 +243,6 @@ class LlamaCppBackend:
             size = n + 1
 
     # -- Backend protocol ----------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    def use_threads(self, choice: ThreadChoice) -> None:
-        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
-        self.thread_choice = choice
-
-    @property
-    def threads(self) -> int:
-        """The CPU thread count evaluations use now."""
-        return self.thread_choice.current
 
     @property
     def stop_ids(self) -> frozenset[int]:

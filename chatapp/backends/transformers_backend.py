@@ -8,7 +8,7 @@ Contracts (beyond the ``Backend`` protocol in ``chatapp.backends.base``):
   sha256 of the file's first MiB and its size. The folder is written under a temporary name and
   renamed, so a folder that exists is complete. Later loads read the folder (fast). The cache
   root is ``platformdirs.user_cache_dir("specchat")`` unless ``cache_dir`` is given. Folders
-  specchat creates there are 0700 and the files it writes 0600 (``chatapp.catalog.private_dir``).
+  specchat creates there are 0700 and the files it writes 0600 (``chatapp.user_files.private_dir``).
 - Nothing is downloaded, no remote code runs and no pickled weights are read: every load is
   ``local_files_only=True``, ``trust_remote_code=False``, ``use_safetensors=True``.
 - Device and dtype are chosen at run time: ``"auto"`` is CUDA with bfloat16 when
@@ -45,10 +45,10 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from chatapp.backends.base import BackendError, ChatMessage  # noqa: E402
-from chatapp.catalog import cache_root, make_tree_private, private_dir  # noqa: E402
+from chatapp.backends.base import BackendError, ChatMessage, ModelFacts  # noqa: E402
+from chatapp import user_files  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
-from chatapp.thread_tuner import ThreadChoice, make_thread_choice  # noqa: E402
+from chatapp.thread_tuner import make_thread_choice  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20
@@ -64,7 +64,7 @@ _SAFE_LOAD = {"local_files_only": True, "trust_remote_code": False}
 hf_logging.disable_progress_bar()  # loading progress goes through specchat's own callback
 
 
-class TransformersBackend:
+class TransformersBackend(ModelFacts):
     """One HF causal LM, its tokenizer and its KV cache. Not thread-safe."""
 
     def __init__(self, source: str | os.PathLike[str], *, device: str = "auto",
@@ -112,28 +112,6 @@ class TransformersBackend:
         self.uses_fallback_template = False
 
     # -- the Backend protocol ------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    def use_threads(self, choice: ThreadChoice) -> None:
-        """Choose the thread count of later evaluations with ``choice`` (e.g. the bench's)."""
-        self.thread_choice = choice
-
-    @property
-    def threads(self) -> int:
-        """The CPU thread count forwards use now."""
-        return self.thread_choice.current
-
-    @property
-    def n_ctx(self) -> int:
-        """The requested context, capped at the model's ``max_position_embeddings``."""
-        return self._n_ctx
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -198,6 +176,13 @@ class TransformersBackend:
         with torch.inference_mode():
             self._cache.crop(n - len(self._tokens))  # a negative count removes that many tokens
         del self._tokens[n:]
+
+    @property
+    def torch_model(self) -> Any:
+        """The loaded transformers model (a ``PreTrainedModel`` in eval mode), for callers that
+        drive transformers itself, such as the bench's assisted-generation reference. Calls on it
+        bypass this backend's KV cache. Raises ``BackendError`` once the backend is closed."""
+        return self._live_model()
 
     def close(self) -> None:
         """Release the model, the tokenizer and the cache. Safe to call twice."""
@@ -298,7 +283,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 # -- loading -------------------------------------------------------------------------------------
 
 def default_cache_root() -> Path:
-    return cache_root()
+    return user_files.cache_dir()
 
 
 def gguf_cache_key(gguf: Path) -> str:
@@ -380,12 +365,12 @@ def _dequantize_kwargs() -> dict[str, Any]:
 
 
 def _save_atomically(model: Any, tokenizer: Any, destination: Path) -> None:
-    private_dir(destination.parent)
+    user_files.private_dir(destination.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        make_tree_private(staging)
+        user_files.make_tree_private(staging)
         staging.rename(destination)
     except OSError as exc:
         if not destination.is_dir():  # else another process finished the same conversion first

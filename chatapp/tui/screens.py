@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,11 +16,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from chatapp.config import (BACKENDS, DRAFT_BACKENDS, DRAFTERS, Config, ConfigError,
-                            default_config_path, save_config)
+from chatapp.config import Config, ConfigError, default_config_path
+from chatapp.config_file import save_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
+from chatapp.options import OPTIONS, OptionError
 from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable, printable_line
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
@@ -116,14 +118,14 @@ class SettingsScreen(ModalScreen[Config | None]):
                         yield Input("" if value is None else str(value), id=f"set-{name}",
                                     placeholder=hint, tooltip=hint)
                     yield Label("Backend")
-                    yield Select([(b, b) for b in BACKENDS], value=self.config.backend,
+                    yield Select([(b, b) for b in OPTIONS["backend"].choices], value=self.config.backend,
                                  allow_blank=False, id="set-backend")
                     yield Label("Draft backend")
-                    yield Select([(b, b) for b in DRAFT_BACKENDS], value=self.config.draft_backend,
+                    yield Select([(b, b) for b in OPTIONS["draft_backend"].choices], value=self.config.draft_backend,
                                  allow_blank=False, id="set-draft_backend",
                                  tooltip="same: the target's backend")
                     yield Label("Drafter")
-                    yield Select([(d, d) for d in DRAFTERS], value=self.config.drafter,
+                    yield Select([(d, d) for d in OPTIONS["drafter"].choices], value=self.config.drafter,
                                  allow_blank=False, id="set-drafter")
                 yield Label("System prompt", classes="dialog-heading")
                 yield TextArea(self.config.system_prompt, id="set-system_prompt",
@@ -169,27 +171,30 @@ class SettingsScreen(ModalScreen[Config | None]):
         self.dismiss(config)
 
     def read_config(self) -> Config:
+        """The Config of the form; ``OptionError`` naming the field and its setting for a value
+        the setting does not allow (its rules are ``chatapp.options``'), ``ConfigError`` for
+        settings that do not go together."""
+        labels = {name: label for name, label, _ in SETTING_FIELDS}
+
         def text(name: str) -> str:
             return self.query_one(f"#set-{name}", Input).value.strip()
 
-        def number(name: str, kind: type, label: str) -> float | int:
+        def parsed(name: str) -> Any:
             try:
-                return kind(text(name))
-            except ValueError:
-                noun = "a whole number" if kind is int else "a number"
-                raise ValueError(f"{label} must be {noun}, got {text(name)!r}.") from None
+                return OPTIONS[name].parse(text(name))
+            except OptionError as error:
+                raise OptionError(f"{labels[name]} ({name}) {error}.") from None
 
-        seed = text("seed")
         values = dict(
-            temperature=number("temperature", float, "Temperature"),
-            top_p=number("top_p", float, "Top-p"),
-            top_k=number("top_k", int, "Top-k"),
-            seed=int(number("seed", int, "Seed")) if seed else None,
-            max_tokens=number("max_tokens", int, "Max tokens"),
-            draft_length=text("draft_length") or "0",
+            temperature=parsed("temperature"),
+            top_p=parsed("top_p"),
+            top_k=parsed("top_k"),
+            seed=parsed("seed") if text("seed") else None,
+            max_tokens=parsed("max_tokens"),
+            draft_length=parsed("draft_length") if text("draft_length") else "0",
             target=text("target") or self.config.target,
             draft=text("draft") or self.config.draft,
-            n_ctx=number("n_ctx", int, "Context"),
+            n_ctx=parsed("n_ctx"),
             backend=str(self.query_one("#set-backend", Select).value),
             draft_backend=str(self.query_one("#set-draft_backend", Select).value),
             drafter=str(self.query_one("#set-drafter", Select).value),

@@ -1,0 +1,79 @@
+"""``bench_command``: what ``specchat bench`` runs (load, warm up, run, report, write the JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from chatapp.bench.report import print_report, summarise
+from chatapp.bench.runner import Bench, BenchBackends, progress_printer
+from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
+from chatapp.busy import BusyProcesses
+from chatapp.config import Config
+from chatapp.loader import load_backend
+
+DEFAULT_BENCH_TOKENS = 128
+BUSY_MAX_S = 3 * 3600  # --busy processes end by themselves after this, whatever happens
+
+
+def bench_command(config: Config, json_path: Path | None, *,
+                  backends: BenchBackends | None = None,
+                  prompts: Sequence[BenchPrompt] | None = None,
+                  specs: Sequence[RunSpec] | None = None,
+                  max_tokens: int | None = None,
+                  warmup: bool = True,
+                  fresh_policy: bool = False,
+                  repeats: int = 1,
+                  busy: int = 0,
+                  out: TextIO | None = None,
+                  log: TextIO | None = None) -> int:
+    """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``.
+
+    Defaults: every prompt of ``chatapp/data/bench_prompts.json``, ``default_specs()``, and
+    ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
+    A set of ``specs`` without target-only decoding gets it added: the ratios need it.
+    ``busy`` CPU-bound processes run beside the measured runs (warm-up included), for at most
+    ``BUSY_MAX_S`` seconds.
+    """
+    out = out or sys.stdout
+    log = log or sys.stderr
+    prompts = load_prompts() if prompts is None else prompts
+    specs = default_specs() if specs is None else specs
+    if RunSpec(None) not in specs:
+        specs = [RunSpec(None), *specs]
+    if max_tokens is None:
+        max_tokens = (DEFAULT_BENCH_TOKENS if config.max_tokens == Config().max_tokens
+                      else config.max_tokens)
+
+    owned = backends is None
+    if backends is None:
+        backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
+    try:
+        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy)
+        with BusyProcesses(busy, BUSY_MAX_S):
+            if warmup:
+                bench.warm_up(prompts[0])
+            rows = bench.run(prompts)
+    finally:
+        if owned:
+            for backend in (backends.target, backends.draft, backends.assistant):
+                if backend is not None:
+                    backend.close()
+    summaries = summarise(rows, [spec.name for spec in specs] + bench.extra_configs)
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print_report(out, bench.describe(len(prompts)), summaries, rows, peak_rss_mib)
+    if json_path is not None:
+        data = {"meta": {**bench.meta(), "prompts": [dataclasses.asdict(p) for p in prompts],
+                         "peak_rss_mib": peak_rss_mib},
+                "summary": [s.to_json() for s in summaries],
+                "rows": [row.to_json() for row in rows]}
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"Wrote {json_path}", file=out)
+    return 0
+

@@ -1,0 +1,215 @@
+"""The bench's results: one ``Run`` per prompt and configuration, its ``Row`` (ratios against the
+target-only run of the same prompt), the per-configuration ``Summary`` and the printed table."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from chatapp.drafting import common_prefix_length
+from chatapp.bench.specs import TARGET, BenchPrompt
+
+
+@dataclass
+class Run:
+    """One decoding of one prompt: the tokens, the engine's statistics, why it ended, how many
+    steps drafted how many tokens, the policy's label, the seconds inside the model calls and the
+    speeds of every repeat (the kept run is the fastest)."""
+
+    output: list[int]
+    stats: Any
+    finish_reason: str
+    drafted_per_step: Counter
+    policy: str
+    model_s: float = 0.0
+    speeds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    """One prompt through one configuration."""
+
+    prompt: str
+    category: str
+    config: str
+    tokens: int
+    tokens_per_s: float
+    e2e_tokens_per_s: float
+    ratio: float
+    acceptance_rate: float
+    mean_accepted_length: float
+    drafted: int
+    accepted: int
+    target_calls: int
+    draft_s: float
+    verify_s: float
+    prompt_s: float
+    other_s: float
+    total_s: float
+    model_s: float  # inside the models' evaluate/truncate calls
+    engine_share: float  # share of the generation time spent outside them
+    ttft_s: float
+    same_as_target: int
+    identical: bool
+    finish_reason: str
+    policy: str
+    drafted_per_step: dict[str, int] = field(default_factory=dict)
+    repeat_tokens_per_s: list[float] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Summary:
+    """One configuration over all prompts: sums, and ratios as geometric means."""
+
+    config: str
+    prompts: int
+    tokens_per_s: float  # all tokens / all generation time
+    ratio_geomean: float
+    ratio_min: float
+    ratio_min_prompt: str
+    acceptance_rate: float
+    mean_accepted_length: float
+    draft_s: float
+    verify_s: float
+    prompt_s: float
+    other_s: float
+    total_s: float
+    engine_share: float  # outside the model calls, as a share of the generation time
+    same_as_target: float  # mean tokens before the first difference
+    identical: int
+    category_ratio: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def generation_speed(stats: Any) -> float:
+    """Emitted tokens / (turn time - prompt time); 0 for a turn without generation time."""
+    seconds = stats.total_s - stats.prompt_s
+    return stats.tokens / seconds if seconds > 0 else 0.0
+
+
+def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
+    """The row of ``run`` (configuration ``name`` on ``prompt``), its ratio and sameness
+    measured against ``reference``, the target-only run of the same prompt."""
+    stats = run.stats
+    speed = generation_speed(stats)
+    reference_speed = generation_speed(reference.stats)
+    same = common_prefix_length(run.output, reference.output)
+    return Row(
+        prompt=prompt.id, category=prompt.category, config=name, tokens=stats.tokens,
+        tokens_per_s=speed, e2e_tokens_per_s=stats.tokens_per_s,
+        ratio=speed / reference_speed if reference_speed > 0 else 0.0,
+        acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
+        drafted=stats.drafted, accepted=stats.accepted, target_calls=stats.target_calls,
+        draft_s=stats.draft_s, verify_s=stats.verify_s, prompt_s=stats.prompt_s,
+        other_s=stats.other_s, total_s=stats.total_s, model_s=run.model_s,
+        engine_share=_engine_share(stats.total_s, stats.prompt_s, run.model_s),
+        ttft_s=stats.ttft_s,
+        same_as_target=same, identical=run.output == reference.output,
+        finish_reason=run.finish_reason, policy=run.policy,
+        drafted_per_step={str(k): v for k, v in sorted(run.drafted_per_step.items())},
+        repeat_tokens_per_s=list(run.speeds) or [speed], output=list(run.output))
+
+
+def _engine_share(total_s: float, prompt_s: float, model_s: float) -> float:
+    """The engine's own time (everything outside the model calls) over the generation time."""
+    generation_s = total_s - prompt_s
+    return max(0.0, total_s - model_s) / generation_s if generation_s > 0 and model_s > 0 else 0.0
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of the positive ``values`` (0 when there is none)."""
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
+    """One summary per configuration of ``configs`` that has rows, in that order."""
+    summaries = []
+    for name in configs:
+        mine = [row for row in rows if row.config == name]
+        if not mine:
+            continue
+        worst = min(mine, key=lambda row: row.ratio)
+        tokens = sum(row.tokens for row in mine)
+        generation_s = sum(row.total_s - row.prompt_s for row in mine)
+        drafted = sum(row.drafted for row in mine)
+        calls = sum(row.target_calls for row in mine)
+        categories: dict[str, list[float]] = {}
+        for row in mine:
+            categories.setdefault(row.category, []).append(row.ratio)
+        summaries.append(Summary(
+            config=name, prompts=len(mine),
+            tokens_per_s=tokens / generation_s if generation_s > 0 else 0.0,
+            ratio_geomean=geometric_mean([row.ratio for row in mine]),
+            ratio_min=worst.ratio, ratio_min_prompt=worst.prompt,
+            acceptance_rate=sum(row.accepted for row in mine) / drafted if drafted else 0.0,
+            mean_accepted_length=tokens / calls if calls else 0.0,
+            draft_s=sum(row.draft_s for row in mine), verify_s=sum(row.verify_s for row in mine),
+            prompt_s=sum(row.prompt_s for row in mine), other_s=sum(row.other_s for row in mine),
+            total_s=sum(row.total_s for row in mine),
+            engine_share=_engine_share(sum(row.total_s for row in mine),
+                                       sum(row.prompt_s for row in mine),
+                                       sum(row.model_s for row in mine)),
+            same_as_target=sum(row.same_as_target for row in mine) / len(mine),
+            identical=sum(row.identical for row in mine),
+            category_ratio={c: geometric_mean(r) for c, r in categories.items()}))
+    return summaries
+
+
+def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Sequence[Row],
+                 peak_rss_mib: float) -> None:
+    """The table: ``title``, the summaries, the ratios by category and by prompt, a legend and
+    the peak memory."""
+    print(title, file=out)
+    if not summaries:
+        print("No complete run.", file=out)
+        return
+    reference_tokens = sum(row.tokens for row in rows if row.config == TARGET) / max(
+        1, sum(1 for row in rows if row.config == TARGET))
+    header = (f"{'configuration':<18} {'tok/s':>6} {'x target':>8} {'min x (prompt)':>24} "
+              f"{'accept':>6} {'tok/call':>8} {'draft':>6} {'verify':>6} {'prompt':>6} "
+              f"{'other':>6} {'engine':>6} {'same as target':>16}")
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for s in summaries:
+        total = s.total_s or 1.0
+        accept = f"{s.acceptance_rate:.0%}" if s.acceptance_rate or s.config != TARGET else "-"
+        worst = f"{s.ratio_min:.2f} ({s.ratio_min_prompt})"
+        same = f"{s.same_as_target:.0f} of {reference_tokens:.0f}, {s.identical}/{s.prompts} all"
+        engine = f"{s.engine_share:.1%}" if s.engine_share else "-"
+        print(f"{s.config:<18} {s.tokens_per_s:6.1f} {s.ratio_geomean:8.2f} {worst:>24} "
+              f"{accept:>6} {s.mean_accepted_length:8.2f} {s.draft_s / total:6.0%} "
+              f"{s.verify_s / total:6.0%} {s.prompt_s / total:6.0%} {s.other_s / total:6.0%} "
+              f"{engine:>6} {same:>16}", file=out)
+    categories = list(dict.fromkeys(row.category for row in rows))
+    print("", file=out)
+    print(f"{'x target, by category':<18} " + " ".join(f"{c:>10}" for c in categories), file=out)
+    for s in summaries:
+        print(f"{s.config:<18} " + " ".join(f"{s.category_ratio.get(c, 0.0):>10.2f}"
+                                             for c in categories), file=out)
+    print("", file=out)
+    prompts = list(dict.fromkeys(row.prompt for row in rows))
+    names = [s.config for s in summaries]
+    print(f"{'x target, by prompt':<18} " + " ".join(names), file=out)
+    by_key = {(row.prompt, row.config): row for row in rows}
+    for prompt in prompts:
+        cells = " ".join(f"{by_key[(prompt, n)].ratio:>{len(n)}.2f}" if (prompt, n) in by_key
+                         else " " * len(n) for n in names)
+        print(f"{prompt:<18} {cells}", file=out)
+    print("", file=out)
+    print("Speed: tokens / (turn time - prompt time); time split as shares of the whole turn; "
+          "engine: the engine's own work (everything outside the models' evaluate/truncate "
+          "calls) as a share of the generation time; same as target: tokens equal to the target-only output before the first difference "
+          "(mean over prompts; n/m all: outputs identical to it).", file=out)
+    print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
+

@@ -1,0 +1,275 @@
+"""The bench's runs: every configuration's engine on the loaded models, interleaved per prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.rpc import rpc_label
+from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
+from chatapp.bench.report import Row, Run, generation_speed, make_row
+from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
+from chatapp.config import Config
+from chatapp.draft_policy import DraftPolicy
+from chatapp.drafting import Drafter
+from chatapp.engine import GenerationSettings, SpeculativeEngine
+from chatapp.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy
+from chatapp.thread_tuner import ThreadChoice, available_cores
+
+WARMUP_TOKENS = 24
+
+
+@dataclass
+class BenchBackends:
+    """The loaded models; ``draft`` is loaded on demand when a configuration needs it, and
+    ``assistant`` (the draft on the transformers backend) when the assisted-generation reference
+    row needs it and the draft runs on another backend."""
+
+    target: Backend
+    draft: Backend | None = None
+    assistant: Backend | None = None
+
+
+class ModelClock:
+    """A backend seen through a stopwatch: forwards everything to ``backend`` and adds up in
+    ``model_s`` the seconds spent in ``evaluate`` and ``truncate``, the calls into the model
+    library. What a turn spends outside them is the engine's own per-step work (sampling
+    transforms, verification, copies, detokenisation, bookkeeping)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.model_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return self.backend.evaluate(tokens, n_logits)
+        finally:
+            self.model_s += time.perf_counter() - started
+
+    def truncate(self, n: int) -> None:
+        started = time.perf_counter()
+        try:
+            self.backend.truncate(n)
+        finally:
+            self.model_s += time.perf_counter() - started
+
+
+def _model_seconds(*backends: Backend | None) -> float:
+    return sum(b.model_s for b in backends if isinstance(b, ModelClock))
+
+
+def progress_printer(log: TextIO) -> Callable[[str, float | None], None]:
+    """A loader progress callback that prints each message (and its share done) to ``log``."""
+    def report(message: str, fraction: float | None) -> None:
+        percent = f" {fraction:.0%}" if fraction is not None else ""
+        print(f"{message}{percent}", file=log, flush=True)
+    return report
+
+
+class Bench:
+    """Every configuration of ``specs`` as an engine and a policy on the shared ``backends``
+    (built once, so that an auto policy learns across prompts); ``warm_up`` and ``run`` decode
+    through them, ``meta`` and ``describe`` say what was measured."""
+
+    def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
+                 max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
+                 busy: int = 0) -> None:
+        self.config = config
+        self.busy = busy
+        self.repeats = max(1, repeats)
+        self.backends = backends
+        self.specs = list(specs)
+        self.log = log
+        self.fresh_policy = fresh_policy
+        backends.target = ModelClock(backends.target)
+        self.settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
+        self.seed = config.seed if config.seed is not None else 0
+        self.extra_configs: list[str] = []
+        self._thread_choices: dict[tuple[str, str], ThreadChoice | None] = {}
+        self._own_thread_choices: dict[str, ThreadChoice] = {}  # each backend's, by role
+        self._engines: dict[str, tuple[SpeculativeEngine, DraftPolicy]] = {}
+        for spec in self.specs:
+            self._engines[spec.name] = self._engine(spec)
+        if config.backend == "hf" and backends.draft is not None:
+            self.extra_configs.append(HF_ASSISTED)
+
+    # -- set-up --
+
+    def _draft_backend(self) -> Backend:
+        if self.backends.draft is None:
+            self.backends.draft = load_backend(self.config.draft, "draft", self.config,
+                                               progress_printer(self.log))
+        if not isinstance(self.backends.draft, ModelClock):
+            self.backends.draft = ModelClock(self.backends.draft)
+        return self.backends.draft
+
+    def _assistant(self) -> Backend:
+        """The draft model as a transformers model, for the assisted-generation reference."""
+        if self.config.draft_backend_name == "hf":
+            return self._draft_backend()
+        if self.backends.assistant is None:
+            config = dataclasses.replace(self.config, draft_backend="hf")
+            self.backends.assistant = load_backend(config.draft, "draft", config,
+                                                   progress_printer(self.log))
+        return self.backends.assistant
+
+    def _engine(self, spec: RunSpec) -> tuple[SpeculativeEngine, DraftPolicy]:
+        target = self.backends.target
+        drafter: Drafter | None = None
+        if spec.drafter is not None:
+            config = dataclasses.replace(self.config, drafter=spec.drafter)
+            draft = None if spec.drafter == "ngram" else self._draft_backend()
+            drafter = make_drafter(config, target, draft=draft)
+        return SpeculativeEngine(target, drafter), self._policy(spec)
+
+    def _policy(self, spec: RunSpec) -> DraftPolicy:
+        length = "0" if spec.drafter is None else ("auto" if spec.k is None else str(spec.k))
+        return make_policy(dataclasses.replace(self.config, draft_length=length))
+
+    # -- runs --
+
+    def warm_up(self, prompt: BenchPrompt) -> None:
+        """One short run of every configuration, not recorded."""
+        print(f"Warming up on {prompt.id} ...", file=self.log, flush=True)
+        settings = dataclasses.replace(self.settings,
+                                       max_tokens=min(WARMUP_TOKENS, self.settings.max_tokens))
+        tokens = self.prompt_tokens(prompt)
+        for spec in self.specs:
+            engine, policy = self._engines[spec.name]
+            self._generate(spec, engine, policy, tokens, settings)
+
+    def run(self, prompts: Sequence[BenchPrompt]) -> list[Row]:
+        rows: list[Row] = []
+        try:
+            for number, prompt in enumerate(prompts, 1):
+                rows.extend(self._run_prompt(prompt, number, len(prompts)))
+        except KeyboardInterrupt:
+            print("Interrupted: reporting the prompts that completed.", file=self.log)
+        return rows
+
+    def _run_prompt(self, prompt: BenchPrompt, number: int, total: int) -> list[Row]:
+        tokens = self.prompt_tokens(prompt)
+        runs: dict[str, Run] = {}
+        speeds: dict[str, list[float]] = {}
+        for repeat in range(self.repeats):
+            for spec in rotated(self.specs, number - 1 + repeat):
+                engine, policy = self._engines[spec.name]
+                if self.fresh_policy and spec.drafter is not None and spec.k is None:
+                    policy = self._policy(spec)
+                    self._engines[spec.name] = (engine, policy)
+                run = self._generate(spec, engine, policy, tokens, self.settings, seed=number)
+                self._log_run(number, total, prompt, spec.name, run)
+                speeds.setdefault(spec.name, []).append(generation_speed(run.stats))
+                best = runs.get(spec.name)
+                if best is None or generation_speed(run.stats) > generation_speed(best.stats):
+                    runs[spec.name] = run  # the fastest repeat: least disturbed by the machine
+        for name, run in runs.items():
+            run.speeds = speeds[name]
+        if HF_ASSISTED in self.extra_configs:
+            runs[HF_ASSISTED] = hf_assisted(self.backends.target, self._assistant(), tokens,
+                                            self.settings.max_tokens,
+                                            runs[TARGET].stats.prompt_s)
+            self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
+        reference = runs[TARGET]
+        return [make_row(prompt, name, run, reference) for name, run in runs.items()]
+
+    def prompt_tokens(self, prompt: BenchPrompt) -> list[int]:
+        system = [ChatMessage("system", self.config.system_prompt)] if (
+            self.config.system_prompt) else []
+        return self.backends.target.chat_prompt(system + [ChatMessage("user", prompt.text)])
+
+    def _use_threads_of(self, spec: RunSpec) -> None:
+        """Give each loaded model the thread choice of ``spec`` (kept per configuration, so an
+        adaptive one learns across prompts as across turns), or its own one back."""
+        if all(s.threads is None for s in self.specs):
+            return
+        for role, backend in (("target", self.backends.target), ("draft", self.backends.draft)):
+            if backend is None:
+                continue
+            own = self._own_thread_choices.setdefault(role, backend.thread_choice)
+            key = (spec.name, role)
+            if key not in self._thread_choices:
+                self._thread_choices[key] = spec.thread_choice(available_cores())
+            backend.use_threads(self._thread_choices[key] or own)
+
+    def _generate(self, spec: RunSpec, engine: SpeculativeEngine, policy: DraftPolicy,
+                  prompt: list[int], settings: GenerationSettings, seed: int = 0) -> Run:
+        self._use_threads_of(spec)
+        for backend in (self.backends.target, self.backends.draft):
+            if backend is not None:
+                backend.truncate(0)
+        rng = np.random.default_rng([self.seed, seed])
+        output: list[int] = []
+        drafted: Counter = Counter()
+        done: DoneEvent | None = None
+        model_before = _model_seconds(self.backends.target, self.backends.draft)
+        for event in engine.generate(prompt, settings, rng, policy):
+            if isinstance(event, TokenEvent):
+                output.append(event.id)
+            elif isinstance(event, StepEvent):
+                drafted[event.drafted] += 1
+            elif isinstance(event, DoneEvent):
+                done = event
+        assert done is not None
+        model_s = _model_seconds(self.backends.target, self.backends.draft) - model_before
+        return Run(output, done.stats, done.finish_reason.value, drafted, policy.label, model_s)
+
+    def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
+        speed = generation_speed(run.stats)
+        print(f"[{number}/{total}] {prompt.id:<16} {name:<18} {run.stats.tokens:4d} tokens "
+              f"{speed:6.1f} tok/s  {run.policy}  threads {run.stats.threads}", file=self.log,
+              flush=True)
+
+    # -- description --
+
+    def meta(self) -> dict[str, Any]:
+        target, draft = self.backends.target, self.backends.draft
+        sampling = self.settings.sampling
+        return {"backend": self.config.backend, "draft_backend": self.config.draft_backend_name,
+                "target": target.name,
+                "draft": draft.name if draft is not None else None,
+                "temperature": sampling.temperature, "top_k": sampling.top_k,
+                "top_p": sampling.top_p, "max_tokens": self.settings.max_tokens,
+                "seed": self.seed, "threads": self.config.threads, "n_ctx": self.config.n_ctx,
+                "fresh_policy": self.fresh_policy, "repeats": self.repeats, "busy": self.busy,
+                "cpus": os.cpu_count(), "target_rpc": list(self.config.rpc),
+                "configs": [spec.name for spec in self.specs] + self.extra_configs}
+
+    def describe(self, n_prompts: int) -> str:
+        meta = self.meta()
+        mode = "greedy" if self.settings.sampling.greedy else (
+            f"temperature {meta['temperature']}, top-k {meta['top_k']}, top-p {meta['top_p']}")
+        policy = "a new auto policy per prompt" if self.fresh_policy else (
+            "auto policies kept across prompts, as across turns")
+        if self.repeats > 1:
+            policy += f"; fastest of {self.repeats} interleaved repeats per prompt"
+        if self.busy:
+            policy += f"; {self.busy} CPU-bound process{'es' if self.busy > 1 else ''} beside it"
+        backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
+            f"{meta['backend']} (draft on {meta['draft_backend']})")
+        where = f" {rpc_label(self.config.rpc)}" if self.config.rpc else ""
+        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, backend "
+                f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
+                f"prompts, seed {meta['seed']}; {policy}.")
+
+
+def rotated(items: Sequence[Any], shift: int) -> list[Any]:
+    """``items`` starting at index ``shift`` (mod len): each configuration runs at every place in
+    the order in turn, so that whatever drifts along a round (a warming CPU, caches a heavier
+    configuration just evicted, a neighbour's job) does not always hit the same one."""
+    shift %= max(len(items), 1)
+    return list(items[shift:]) + list(items[:shift])
+

@@ -1,0 +1,205 @@
+"""Writing the settings back to their TOML file (the settings screen's "Save as defaults").
+
+``save_config(config, path)`` writes atomically, the file 0600, keeping a hand-edited file's
+comments and other lines; what it writes always loads back (``chatapp.config.load_config``) as
+the same ``Config``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from chatapp.config import Config, ConfigError, config_from_table, default_config_path
+from chatapp.user_files import private_dir, write_private
+
+_SAVED_HEADER = ("# specchat settings (see the README). Written by the settings screen's\n"
+                 "# \"Save as defaults\"; edits by hand are kept, comments included.\n")
+
+
+def save_config(config: Config, path: Path | None = None) -> Path:
+    """Write ``config`` to the TOML file ``path`` (default: the user config file); return the path.
+
+    An existing file keeps its comments and other lines: only the ``key = value`` statements whose
+    value changed are rewritten (a setting set back to "none", like ``seed``, is commented out),
+    and keys not yet in the file are appended when they differ from the defaults. The write is
+    atomic (a temporary file in the same directory, fsync, ``os.replace``); the file ends up 0600
+    and any directory created for it 0700. A symlink is followed, so the file it points to is
+    updated. Any failure raises ``ConfigError`` naming the file and the reason; the old file is
+    then left as it was.
+    """
+    path = path or default_config_path()
+    try:
+        target = path.resolve() if path.is_symlink() else path
+        # bytes, not read_text: its newline translation would turn a file's CRLFs into LFs
+        old_text = target.read_bytes().decode("utf-8") if target.is_file() else None
+    except (OSError, RuntimeError, UnicodeDecodeError) as error:  # RuntimeError: a symlink loop
+        raise ConfigError(f"Could not read {path} to update it: {_reason(error)}.") from None
+    text = _updated_text(config, old_text, path)
+    try:
+        data = tomllib.loads(text)
+        written = config_from_table(data, path, text)
+    except (ConfigError, tomllib.TOMLDecodeError) as error:  # never write what would not load
+        raise ConfigError(f"Could not save the settings to {path}: {error}") from None
+    if written != config:
+        raise ConfigError(f"Could not save the settings to {path}: they would not read back the "
+                          f"same.")
+    try:
+        private_dir(target.parent)
+        write_private(target, text.encode("utf-8"))
+    except (OSError, UnicodeEncodeError) as error:
+        raise ConfigError(f"Could not save the settings to {path}: {_reason(error)}.") from None
+    return path
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    if isinstance(error, UnicodeError):
+        return f"the text is not valid UTF-8 ({error.reason})"
+    return str(error) or type(error).__name__
+
+
+def toml_value(key: str, value: Any) -> str:
+    """``value`` of setting ``key`` as TOML (None has no TOML form: callers leave the key out)."""
+    if key == "draft_length":
+        return '"auto"' if value == "auto" else str(int(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(key, item) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # shortest round-trip form: "0.7", "1e-05", "1e+20" are valid TOML
+    if isinstance(value, str):
+        return _toml_string(value)
+    raise TypeError(f"{key}: no TOML form for {type(value).__name__} {value!r}")
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+            "\r": "\\r"}
+
+
+def _toml_string(value: str) -> str:
+    """A one-line TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for char in value:
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+@dataclass(frozen=True)
+class _Statement:
+    key: str
+    start: int  # where the line starts
+    value_start: int
+    value_end: int  # after the value, before any spaces and comment
+    end: int  # end of the statement's last line, before its newline
+
+
+_BLANK_OR_COMMENT = re.compile(r"[ \t]*(#[^\r\n]*)?(\r?\n|$)")
+_KEY = re.compile(r"[ \t]*(?:([A-Za-z0-9_-]+)|\"([^\"\\\r\n]*)\"|'([^'\r\n]*)')[ \t]*=[ \t]*")
+_VALUE_END_CANDIDATES = re.compile(r"[#\r\n]")
+
+
+def _statements(text: str, path: Path) -> list[_Statement]:
+    """Every top-level ``key = value`` statement of a flat TOML file, with where it lies.
+
+    A statement's end is the first '#', line break or end of text after which the statement alone
+    parses as TOML: so a '#' or a 'key =' inside a (multi-line) string is never taken for a
+    comment or another statement.
+    """
+    found = []
+    pos = 0
+    while pos < len(text):
+        blank = _BLANK_OR_COMMENT.match(text, pos)
+        if blank and blank.end() > pos:
+            pos = blank.end()
+            continue
+        key_match = _KEY.match(text, pos)
+        if not key_match:
+            raise ConfigError(f"{path}, line {text.count(chr(10), 0, pos) + 1}: only "
+                              f"'key = value' lines and comments can be updated here.")
+        key = next(group for group in key_match.groups() if group is not None)
+        value_end = None
+        for candidate in _VALUE_END_CANDIDATES.finditer(text, key_match.end()):
+            if _parses_alone(text[pos:candidate.start()]):
+                value_end = candidate.start()
+                break
+        if value_end is None:
+            if not _parses_alone(text[pos:]):
+                raise ConfigError(f"{path}, line {text.count(chr(10), 0, pos) + 1}: the value of "
+                                  f"'{key}' does not parse; fix it there first.")
+            value_end = len(text)
+        line_end = len(text)
+        newline = re.compile(r"\r?\n").search(text, value_end)
+        if newline:
+            line_end = newline.start()
+        stripped_end = value_end
+        while stripped_end > key_match.end() and text[stripped_end - 1] in " \t":
+            stripped_end -= 1
+        found.append(_Statement(key, pos, key_match.end(), stripped_end, line_end))
+        pos = line_end
+    return found
+
+
+def _parses_alone(statement: str) -> bool:
+    try:
+        return len(tomllib.loads(statement)) == 1
+    except tomllib.TOMLDecodeError:
+        return False
+
+
+def _updated_text(config: Config, old_text: str | None, path: Path) -> str:
+    defaults = Config()
+    names = [f.name for f in fields(Config)]
+    if old_text is None:
+        lines = [f"{name} = {toml_value(name, getattr(config, name))}\n" for name in names
+                 if getattr(config, name) != getattr(defaults, name)
+                 and getattr(config, name) is not None]
+        return _SAVED_HEADER + "".join(lines)
+    try:
+        data = tomllib.loads(old_text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: {error}. Fix the TOML syntax there before saving.") from None
+    old = config_from_table(data, path, old_text)  # unknown keys and bad values: fix them first
+    statements = {s.key: s for s in _statements(old_text, path)}
+    newline = "\r\n" if "\r\n" in old_text else "\n"
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in old_text
+    appended = []
+    for name in names:
+        value = getattr(config, name)
+        statement = statements.get(name)
+        if statement is not None:
+            if value == getattr(old, name):
+                continue
+            if value is None:  # no TOML form: comment the setting out
+                lines = old_text[statement.start:statement.end].splitlines(keepends=True)
+                edits.append((statement.start, statement.end, "".join("# " + line
+                                                                      for line in lines)))
+            else:
+                edits.append((statement.value_start, statement.value_end,
+                              toml_value(name, value)))
+        elif value != getattr(defaults, name) and value is not None:
+            appended.append(f"{name} = {toml_value(name, value)}{newline}")
+    text = old_text
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    if appended and text and not text.endswith("\n"):
+        text += newline
+    return text + "".join(appended)
+

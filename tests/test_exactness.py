@@ -1,0 +1,137 @@
+"""Statistical: through the whole engine, speculative sampling reproduces the target's law exactly.
+
+A small fake vocabulary (5 tokens that can be emitted) makes the exact law of the reply's first
+four tokens computable by enumeration (625 sequences), so the test compares the joint
+distribution of whole replies, not one token: with K = 3 and four tokens, the first step drafts
+three tokens, and a fully accepted step ends in a bonus token. Each case runs a fixed number of
+replies with a fixed seed and applies a chi-square test at alpha = 1e-4; the negative control
+shows the same test rejects a verifier with the classic bug (resampling from p instead of the
+residual norm(max(0, p - q))).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import chatapp.speculative as speculative
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength
+from chatapp.drafting import Drafter, ModelDrafter, evaluate_sequence
+from chatapp.engine import GenerationSettings, SpeculativeEngine
+from chatapp.events import StepEvent, TokenEvent, TokenSource
+from chatapp.ngram import NgramDrafter, NgramModelDrafter
+from chatapp.sampling import SamplingParams, probabilities
+from tests.stat_tools import fits
+
+VOCAB = 6  # token 0 is the stop token, made unreachable so every reply has four tokens
+REPLY = 4
+SAMPLES = 6000
+PROMPT = [1, 2, 3, 1, 2]  # "1 2" repeats: the n-gram proposes "3 1 2"
+
+
+def backend(noise: float = 0.0, delay_s: float = 0.0) -> FakeBackend:
+    model = FakeBackend(vocab_size=VOCAB, sharpness=1.0, noise=noise, delay_s=delay_s)
+    model._table[:, STOP_ID] = -1e4  # replies never stop early: the law of 4 tokens is complete
+    return model
+
+
+def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """P(first REPLY tokens = s) under the target alone, for every sequence s."""
+    target = backend()
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(REPLY):
+        longer = {}
+        for prefix, mass in law.items():
+            p = probabilities(evaluate_sequence(target, PROMPT + list(prefix), 1)[0], params)
+            for token in range(1, VOCAB):
+                longer[prefix + (token,)] = mass * p[token]
+        law = longer
+    return law
+
+
+def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
+                   params: SamplingParams, seed: int = 7, target_delay_s: float = 0.0
+                   ) -> tuple[Counter, Counter, Counter]:
+    """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies.
+    ``target_delay_s``: a target evaluation sleeps this long (so that drafting pays)."""
+    engine = SpeculativeEngine(backend(delay_s=target_delay_s), drafter)
+    rng = np.random.default_rng(seed)
+    settings = GenerationSettings(params, REPLY)
+    policy = make_policy()
+    replies, sources, drafted = Counter(), Counter(), Counter()
+    for _ in range(SAMPLES):
+        reply = []
+        for event in engine.generate(PROMPT, settings, rng, policy):
+            if isinstance(event, TokenEvent):
+                reply.append(event.id)
+                sources[event.source] += 1
+            elif isinstance(event, StepEvent):
+                drafted[(event.source.split("-")[0], event.drafted)] += 1
+        replies[tuple(reply)] += 1
+    return replies, sources, drafted
+
+
+def matches_law(replies: Counter, law: dict[tuple[int, ...], float]) -> bool:
+    keys = list(law)
+    assert sum(replies.values()) == SAMPLES and set(replies) <= set(keys)
+    counts = np.array([replies[key] for key in keys], dtype=np.float64)
+    return fits(counts, np.array([law[key] for key in keys]))
+
+
+def model_drafter() -> Drafter:
+    return ModelDrafter(backend(noise=1.0))
+
+
+def ngram_model_drafter() -> Drafter:
+    return NgramModelDrafter(NgramDrafter(VOCAB), ModelDrafter(backend(noise=1.0)))
+
+
+# name: (drafter, policy, sampling, target delay: a target 0.3 ms slower per call than the draft
+# makes drafting pay, so that the auto policy drafts)
+CASES = {
+    "model K=3, temperature 1": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(1.0),
+                                 0.0),
+    "model K=3, top-k 3": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(0.8, 3),
+                           0.0),
+    "model K=3, top-p 0.8": (model_drafter, lambda: FixedDraftLength(3),
+                             SamplingParams(1.2, 0, 0.8), 0.0),
+    "model, auto policy": (model_drafter, AutoDraftLength, SamplingParams(1.0, 4, 0.95), 0.0003),
+    "ngram+model K=3, temperature 0.7": (ngram_model_drafter, lambda: FixedDraftLength(3),
+                                         SamplingParams(0.7, 0, 0.9), 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_replies_follow_the_target_law(case: str) -> None:
+    make_drafter, make_policy, params, delay = CASES[case]
+    replies, sources, drafted = sample_replies(make_drafter(), make_policy, params,
+                                               target_delay_s=delay)
+    assert matches_law(replies, exact_law(params))
+    # what the case claims to exercise did happen: drafts of 2+ tokens, rejections, bonus tokens
+    assert sum(n for (_, size), n in drafted.items() if size >= 2) > SAMPLES // 4
+    assert sources[TokenSource.RESAMPLED] > 0 and sources[TokenSource.BONUS] > 0
+    if case.startswith("ngram+model"):
+        assert {source for source, size in drafted if size} == {"ngram", "model"}
+
+
+def test_the_test_rejects_a_verifier_that_resamples_from_p(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: the classic bug (at a rejection, draw from p, not the residual) skews
+    the law towards tokens the draft likes; the same harness must notice."""
+    monkeypatch.setattr(speculative, "_residual", lambda p, q: p)
+    _, make_policy, params, _ = CASES["model K=3, temperature 1"]
+    replies, _, _ = sample_replies(model_drafter(), make_policy, params)
+    assert not matches_law(replies, exact_law(params))
+
+
+def test_exact_law_is_a_distribution() -> None:
+    law = exact_law(SamplingParams(1.0))
+    assert len(law) == (VOCAB - 1) ** REPLY
+    assert sum(law.values()) == pytest.approx(1.0)
+    assert all(len(key) == REPLY for key in itertools.islice(law, 5))

@@ -329,3 +329,41 @@ def test_damaged_learnt_data_is_refused_and_changes_nothing(damage) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         policy.resume(data)
     assert policy.learnt() == before
+
+
+# ms to evaluate n tokens on issue 12's 2-core Xeon (llama-bench ppN): 4 tokens cost less than 3
+SAWTOOTH = {1: .065, 2: .089, 3: .101, 4: .086, 5: .112, 6: .128, 8: .183}
+
+
+def test_verify_cost_keeps_what_each_measured_n_costs() -> None:
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        for n, seconds in SAWTOOTH.items():
+            model.observe(n, seconds)
+    for n, seconds in SAWTOOTH.items():
+        assert model.predict(n) == pytest.approx(seconds, rel=1e-6)
+    assert model.predict(4) < model.predict(3)
+
+
+def test_verify_cost_of_an_n_never_measured_errs_cheap() -> None:
+    # Linear in n (each fed token costs the same): between two measured n, linear; beyond, the
+    # a + b ln(n) curve through them, below the line: the policy tries such an n and learns.
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        model.observe(1, 0.046)
+        model.observe(4, 0.184)
+    assert model.predict(2) == pytest.approx(0.092, rel=1e-6)
+    assert 0.184 < model.predict(8) < 0.046 * 8
+    assert not model.measured(8)
+    model.observe(8, 0.368)
+    assert model.measured(8) and model.predict(8) == pytest.approx(0.368)
+
+
+def test_one_slow_first_timing_of_an_n_is_clipped() -> None:
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        model.observe(1, 0.065)
+        model.observe(4, 0.086)
+    expected = model.predict(3)
+    model.observe(3, 0.400)  # the first timing of 3 tokens, on a busy machine
+    assert model.predict(3) <= 1.5 * expected

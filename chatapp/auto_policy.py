@@ -35,7 +35,7 @@ SWITCH_MARGIN = 0.03  # leaving plain decoding needs an expected gain of 3%
 OPTIMISTIC_ACCEPTANCE = 0.9  # the acceptance a probe is sized for
 STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without drafting ages
 PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
-SWITCH_HORIZON = 64  # steps a switch from plain decoding to drafting is expected to last (PLAIN_EVERY)
+SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
 THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
 
 
@@ -70,10 +70,11 @@ class AutoDraftLength:
     plain decoding (a draft model too slow next to the target: the probes then only check that the
     costs it was judged on still hold). When the catch-up alone exceeds the budget (a 0.5B draft
     model on a CPU catches up at a quarter of a decode step per token), it does not probe. What was
-    learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that goes well counts. When no plain step was timed for
-    ``plain_every`` steps it takes one: the one-token verification is the baseline every choice
-    is weighed against. The first ``explore_steps`` drafting steps use ``explore_k``, to measure
-    the drafter. The object is meant to live across turns.
+    learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that
+    goes well counts. When no plain step was timed for ``plain_every`` steps it takes one: the
+    one-token verification is the baseline every choice is weighed against. The first
+    ``explore_steps`` drafting steps use ``explore_k``, to measure the drafter. The object is
+    meant to live across turns.
 
     Acceptance and draft cost are kept per source (the ``source`` of each ``StepOutcome``; the
     budget gives each source its own K; verification cost is shared). A drafter that can tell,

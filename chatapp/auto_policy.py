@@ -276,7 +276,8 @@ class AutoDraftLength:
         rate of this source's steps (a lucky run must not make every draft look too slow), so a K
         is never shorter than the one with the best rate. Leaving K = 0 needs ``switch_margin`` x
         the plain tokens of the drafting step's time more, and a drafter that must first catch up
-        on the steps it sat idle must repay that within ``SWITCH_HORIZON`` steps."""
+        on the steps it sat idle (``SWITCH_HORIZON`` at most) must repay that within
+        ``SWITCH_HORIZON`` steps."""
         tokens, seconds = self._outlook(arm, acceptance)
         rates = [t / s for t, s in zip(tokens, seconds)]
         measured = self._throughput()
@@ -285,7 +286,8 @@ class AutoDraftLength:
         best = max(range(1, self.max_k + 1), key=values.__getitem__)
         needed = 0.0
         if arm.k == 0:
-            idle = self._step - arm.last_drafted
+            # a drafter catches up on the current context only: at most a horizon's worth
+            idle = min(self._step - arm.last_drafted, SWITCH_HORIZON)
             catchup = arm.catchup_per_step(self.catchup_prior) * idle / SWITCH_HORIZON
             needed = (self.switch_margin * seconds[best] + catchup) * rates[0]
         return (best if values[best] - values[0] > needed else 0), rates

@@ -8,6 +8,9 @@ from typing import Any
 from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 
 ESTABLISHED = 3.0  # observations after which an n's own mean is the yardstick for outliers
+AGE = 0.995  # per timing of another n, an n's weight ages (first calls are slow: see STALE)
+STALE = 0.25  # an n whose weight aged below this is extrapolated again, and so tried again: a
+# cost measured dear once (the first exploring steps, a busy moment) is not believed for good
 
 
 class VerifyCostModel:
@@ -28,7 +31,9 @@ class VerifyCostModel:
 
     One slow step (a busy machine) does not swing a mean: a timing above ``outlier`` x the
     prediction is clipped, once the n has ``ESTABLISHED`` observations, or for an n not yet
-    established, once other n are.
+    established, once other n are. An n not timed for long (its weight aged by ``AGE`` per
+    timing of another n, below ``STALE``) counts as never measured, so that a cost that was
+    measured dear is tried again now and then rather than believed for good.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
@@ -66,6 +71,7 @@ class VerifyCostModel:
             seconds = min(seconds, self.outlier * self._reference(n))
         weight = self.forget * weight + 1.0
         self._mean[n] = mean + (seconds - mean) / weight
+        self._weight = [w * AGE for w in self._weight]
         self._weight[n] = weight
         self._predicted = None
 
@@ -78,8 +84,8 @@ class VerifyCostModel:
         return self._predicted[min(max(n, 1), self.max_n) - 1]
 
     def measured(self, n: int) -> bool:
-        """Whether ``n`` tokens were ever timed (else ``predict`` extrapolates)."""
-        return 1 <= n <= self.max_n and self._weight[n] > 0.0
+        """Whether ``n`` tokens were timed, recently enough (else ``predict`` extrapolates)."""
+        return 1 <= n <= self.max_n and self._weight[n] >= STALE
 
     def _reference(self, n: int) -> float:
         """What a timing of ``n`` is judged against: its established mean, else the prediction."""
@@ -90,7 +96,7 @@ class VerifyCostModel:
 
     def _predictions(self) -> list[float]:
         """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""
-        measured = [n for n in range(1, self.max_n + 1) if self._weight[n] > 0.0]
+        measured = [n for n in range(1, self.max_n + 1) if self.measured(n)]
         if not measured:
             return []
         a, b = self._curve(measured)

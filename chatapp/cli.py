@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chatapp.backends.base import ChatMessage
 from chatapp.config import Config, load_config
 from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.endpoints import DEFAULT_PORT
 from chatapp.errors import UserFacingError
 from chatapp.options import OPTIONS, Rule, arg_type, at_least
 
@@ -90,7 +90,7 @@ def _model_options() -> argparse.ArgumentParser:
 
 
 def _endpoints(text: str) -> tuple[str, ...]:
-    from chatapp.backends.rpc import parse_endpoints
+    from chatapp.endpoints import parse_endpoints
 
     try:
         return tuple(str(endpoint) for endpoint in parse_endpoints([text]))
@@ -155,7 +155,8 @@ def _add_rpc_server_parser(commands: Any) -> None:
                                  "target of a specchat on another machine (trusted networks only)")
     server.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on "
                         "(default 127.0.0.1; 0.0.0.0: every interface)")
-    server.add_argument("--port", type=_port, default=50052, help="TCP port (default 50052)")
+    server.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help=f"TCP port (default {DEFAULT_PORT})")
     server.add_argument("--threads", dest="server_threads", type=_positive_int,
                         help="CPU threads (default: every CPU this process may use)")
     server.add_argument("--device", dest="server_devices", type=_names, default=[],
@@ -170,8 +171,9 @@ def _names(text: str) -> list[str]:
 def rpc_server_command(args: argparse.Namespace) -> int:
     """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
     from chatapp.thread_tuner import available_cores
-    from chatapp.backends.rpc import (SECURITY_NOTE, Endpoint, check_server_host, require_rpc,
-                                      serve, server_devices)
+    from chatapp.backends.rpc import (SECURITY_NOTE, check_server_host, require_rpc, serve,
+                                      server_devices)
+    from chatapp.endpoints import Endpoint
 
     check_server_host(args.host)
     require_rpc()
@@ -253,12 +255,11 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.endpoints import rpc_label
+    from chatapp.chat import Conversation
+    from chatapp.turns import PlanEvent
     from chatapp.events import DoneEvent, TokenEvent
-    from chatapp.auto_policy import AutoDraftLength
-    from chatapp.loader import build_session, make_policy
-    from chatapp.policy_memory import memory_path, recall, remember
-    from chatapp.session import fallback_template_note
-    from chatapp.backends.rpc import rpc_label
+    from chatapp.loader import build_session
     from chatapp.stats import format_summary
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -266,26 +267,29 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     _stderr_progress("", None)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
-    cancel = threading.Event()
-    _cancel_on_interrupt(cancel)
-    policy = make_policy(config)
-    if isinstance(policy, AutoDraftLength):
-        recall(policy, memory_path(config))
-    plan, events = session.stream([ChatMessage("user", text)], policy, cancel)
-    if plan.fallback_template:
-        print(f"note: {fallback_template_note(session.engine.target.name)}", file=sys.stderr)
-    for event in events:
-        if as_json:
-            _print_json(event.to_json())
-        elif isinstance(event, TokenEvent):
-            print(event.text, end="", flush=True)
-        elif isinstance(event, DoneEvent):
-            print()
-            note = "" if event.finish_reason.value == "stop" else f" ({event.finish_reason.value})"
-            where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
-            print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
-    if isinstance(policy, AutoDraftLength):
-        remember(policy, memory_path(config))
+    chat = Conversation(config)
+    chat.attach(session)
+    try:
+        turn = chat.begin(text)
+        _cancel_on_interrupt(turn.cancel)
+        for event in chat.stream(turn):
+            if isinstance(event, PlanEvent):
+                if event.note:
+                    print(f"note: {event.note}", file=sys.stderr)
+            elif as_json:
+                _print_json(event.to_json())
+            elif isinstance(event, TokenEvent):
+                print(event.text, end="", flush=True)
+            if isinstance(event, DoneEvent):
+                chat.finish(turn, event.finish_reason.value, event.stats)
+                if not as_json:
+                    print()
+                    reason = event.finish_reason.value
+                    note = "" if reason == "stop" else f" ({reason})"
+                    where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+                    print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
+    finally:
+        chat.close()
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chatapp.backends.rpc import parse_endpoints
+from chatapp.endpoints import parse_endpoints
 from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.errors import UserFacingError
 from chatapp.options import OPTIONS, OptionError, problems

@@ -252,6 +252,33 @@ class HistoryStore:
         with self._transaction() as db:
             db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
+    def delete_messages_from(self, message_id: int) -> None:
+        """Delete the message ``message_id`` and every later message of its chat."""
+        with self._transaction() as db:
+            db.execute(
+                "DELETE FROM messages WHERE id IN (SELECT later.id FROM messages later JOIN "
+                "messages m ON later.chat_id = m.chat_id AND later.position >= m.position "
+                "WHERE m.id = ?)", (message_id,))
+
+    def set_turn_meta(self, message_id: int, meta: dict[str, Any]) -> None:
+        """Replace the meta of a reply's statistics (a reply without statistics is left alone)."""
+        with self._transaction() as db:
+            db.execute("UPDATE turn_stats SET meta = ? WHERE message_id = ?",
+                       (json.dumps(meta), message_id))
+
+    def copy_chat(self, chat_id: int, title: str) -> int:
+        """A new chat titled ``title`` with a copy of every message (and its statistics) of
+        ``chat_id``; returns its id."""
+        source = self.get_chat(chat_id)
+        if source is None:
+            raise HistoryError(f"There is no chat {chat_id} in {self.path}.")
+        copy = self.create_chat(title, source.draft, source.target)
+        for message in self.messages(chat_id):
+            self.add_message(copy, message.role, message.content, runs=message.runs,
+                             finish_reason=message.finish_reason, stats=message.stats,
+                             meta=message.meta, now=message.created_at)
+        return copy
+
     def messages(self, chat_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
             "SELECT m.id, m.chat_id, m.role, m.content, m.created_at, m.runs, m.finish_reason, "

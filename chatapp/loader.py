@@ -60,7 +60,7 @@ def _load_remote_target(path: Path, model: str, config: Config,
                         progress: LoadProgress) -> Backend:
     """The target on ``config.rpc``'s servers (probed first), with ``config.tensor_split``."""
     from chatapp.backends.remote_target import RemoteTarget
-    from chatapp.backends.rpc import parse_endpoints
+    from chatapp.endpoints import parse_endpoints
 
     progress(f"Loading target model {model} on {', '.join(config.rpc)}", None)
     return RemoteTarget(path, parse_endpoints(config.rpc), n_ctx=config.n_ctx,

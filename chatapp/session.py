@@ -51,6 +51,23 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.rng = np.random.default_rng(seed)
 
+    def configure(self, settings: GenerationSettings, system_prompt: str) -> None:
+        """Use ``settings`` and ``system_prompt`` from the next reply on."""
+        self.settings = settings
+        self.system_prompt = system_prompt
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random generator from ``seed`` (the same seed gives the same replies)."""
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def close(self) -> None:
+        """Release both models; best effort (the process may be exiting)."""
+        try:
+            self.engine.close()
+        except Exception:
+            pass
+
     def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
         """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
 

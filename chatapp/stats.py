@@ -71,6 +71,42 @@ class TurnStats:
         return cls(**kwargs)
 
 
+def decode_tokens_per_s(stats: TurnStats) -> float:
+    """Tokens per second of generation, the prompt's processing left out."""
+    decode_s = stats.total_s - stats.prompt_s
+    return stats.tokens / decode_s if decode_s > 0 else 0.0
+
+
+def is_target_only(stats: TurnStats) -> bool:
+    """A turn decoded by the target alone (K = 0 throughout): the baseline for the speedup."""
+    return stats.drafted == 0 and stats.target_calls > 0 and stats.tokens > 0
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    """A reply decoded again by the target alone (K = 0, same prompt, as many tokens): what
+    speculation bought on this reply on this machine. Speeds are decode tok/s (prompt left out)."""
+
+    plain_tps: float
+    speculative_tps: float
+    tokens: int
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tps / self.plain_tps if self.plain_tps > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"plain replay: {self.plain_tps:.1f} tok/s, speculation: "
+                f"{self.speculative_tps:.1f} tok/s, speedup {self.speedup:.2f}x")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ReplayStats":
+        return cls(float(data["plain_tps"]), float(data["speculative_tps"]), int(data["tokens"]))
+
+
 @dataclass
 class StatsRecorder:
     """Mutable accumulator the engine fills during a turn; ``snapshot`` freezes it."""

@@ -140,7 +140,7 @@ async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "conditi
 
 
 async def ready(pilot) -> None:
-    await wait_for(pilot, lambda: pilot.app.session is not None, what="the models")
+    await wait_for(pilot, lambda: pilot.app.chat.session is not None, what="the models")
     await pilot.pause()
 
 
@@ -157,5 +157,5 @@ async def send(pilot, text: str) -> None:
 
 
 async def reply_done(pilot) -> None:
-    await wait_for(pilot, lambda: pilot.app.turn is None, what="the reply")
+    await wait_for(pilot, lambda: pilot.app.chat.turn is None, what="the reply")
     await pilot.pause()

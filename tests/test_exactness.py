@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
 
+import chatapp.engine
 import chatapp.speculative as speculative
 from chatapp.auto_policy import AutoDraftLength
 from chatapp.backends.fake import STOP_ID, FakeBackend
@@ -35,10 +36,42 @@ SAMPLES = 6000
 PROMPT = [1, 2, 3, 1, 2]  # "1 2" repeats: the n-gram proposes "3 1 2"
 
 
-def backend(noise: float = 0.0, delay_s: float = 0.0) -> FakeBackend:
-    model = FakeBackend(vocab_size=VOCAB, sharpness=1.0, noise=noise, delay_s=delay_s)
-    model._table[:, STOP_ID] = -1e4  # replies never stop early: the law of 4 tokens is complete
-    return model
+class SimulatedClock:
+    """The engine's clock in these tests: it moves only when a model evaluates, by that model's
+    cost per call, so timings (and the auto policy's choices) are the same on any machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+CLOCK = SimulatedClock()
+TARGET_CALL_S, DRAFT_CALL_S = 0.010, 0.001  # verifying n tokens costs what one does (a GPU)
+
+
+class TimedBackend(FakeBackend):
+    """A fake model whose every evaluation advances ``CLOCK`` by ``call_s``."""
+
+    def __init__(self, call_s: float, noise: float) -> None:
+        super().__init__(vocab_size=VOCAB, sharpness=1.0, noise=noise)
+        self.call_s = call_s
+        self._table[:, STOP_ID] = -1e4  # replies never stop early: the law of 4 tokens is complete
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        CLOCK.now += self.call_s
+        return super().evaluate(tokens, n_logits)
+
+
+@pytest.fixture(autouse=True)
+def simulated_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chatapp.engine, "time", CLOCK)
+
+
+def backend(noise: float = 0.0) -> FakeBackend:
+    """The target (``noise`` 0) or a draft model (``noise`` > 0: it disagrees now and then)."""
+    return TimedBackend(DRAFT_CALL_S if noise else TARGET_CALL_S, noise)
 
 
 def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
@@ -56,11 +89,9 @@ def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
 
 
 def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
-                   params: SamplingParams, seed: int = 7, target_delay_s: float = 0.0
-                   ) -> tuple[Counter, Counter, Counter]:
-    """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies.
-    ``target_delay_s``: a target evaluation sleeps this long (so that drafting pays)."""
-    engine = SpeculativeEngine(backend(delay_s=target_delay_s), drafter)
+                   params: SamplingParams, seed: int = 7) -> tuple[Counter, Counter, Counter]:
+    """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies."""
+    engine = SpeculativeEngine(backend(), drafter)
     rng = np.random.default_rng(seed)
     settings = GenerationSettings(params, REPLY)
     policy = make_policy()
@@ -92,26 +123,21 @@ def ngram_model_drafter() -> Drafter:
     return NgramModelDrafter(NgramDrafter(VOCAB), ModelDrafter(backend(noise=1.0)))
 
 
-# name: (drafter, policy, sampling, target delay: a target 0.3 ms slower per call than the draft
-# makes drafting pay, so that the auto policy drafts)
 CASES = {
-    "model K=3, temperature 1": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(1.0),
-                                 0.0),
-    "model K=3, top-k 3": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(0.8, 3),
-                           0.0),
+    "model K=3, temperature 1": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(1.0)),
+    "model K=3, top-k 3": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(0.8, 3)),
     "model K=3, top-p 0.8": (model_drafter, lambda: FixedDraftLength(3),
-                             SamplingParams(1.2, 0, 0.8), 0.0),
-    "model, auto policy": (model_drafter, AutoDraftLength, SamplingParams(1.0, 4, 0.95), 0.0003),
+                             SamplingParams(1.2, 0, 0.8)),
+    "model, auto policy": (model_drafter, AutoDraftLength, SamplingParams(1.0, 4, 0.95)),
     "ngram+model K=3, temperature 0.7": (ngram_model_drafter, lambda: FixedDraftLength(3),
-                                         SamplingParams(0.7, 0, 0.9), 0.0),
+                                         SamplingParams(0.7, 0, 0.9)),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_replies_follow_the_target_law(case: str) -> None:
-    make_drafter, make_policy, params, delay = CASES[case]
-    replies, sources, drafted = sample_replies(make_drafter(), make_policy, params,
-                                               target_delay_s=delay)
+    make_drafter, make_policy, params = CASES[case]
+    replies, sources, drafted = sample_replies(make_drafter(), make_policy, params)
     assert matches_law(replies, exact_law(params))
     # what the case claims to exercise did happen: drafts of 2+ tokens, rejections, bonus tokens
     assert sum(n for (_, size), n in drafted.items() if size >= 2) > SAMPLES // 4
@@ -125,7 +151,7 @@ def test_the_test_rejects_a_verifier_that_resamples_from_p(
     """Negative control: the classic bug (at a rejection, draw from p, not the residual) skews
     the law towards tokens the draft likes; the same harness must notice."""
     monkeypatch.setattr(speculative, "_residual", lambda p, q: p)
-    _, make_policy, params, _ = CASES["model K=3, temperature 1"]
+    _, make_policy, params = CASES["model K=3, temperature 1"]
     replies, _, _ = sample_replies(model_drafter(), make_policy, params)
     assert not matches_law(replies, exact_law(params))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import chatapp.chat as chat
 import chatapp.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.config import Config
@@ -244,7 +245,7 @@ def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
         return ChatSession(engine, GenerationSettings(max_tokens=200), seed=0)
 
     monkeypatch.setattr(loader, "build_session", fake_session)
-    monkeypatch.setattr(loader, "make_policy", recording_policy)
+    monkeypatch.setattr(chat, "make_policy", recording_policy)  # the conversation makes it
     assert main(["run", "--drafter", "ngram", "-k", "auto", "hello"]) == 0
     assert len(policies) == 1
     sources = policies[0].learnt()["arms"]

@@ -109,9 +109,9 @@ async def test_the_app_remembers_after_a_reply_and_recalls_at_the_next_start(tui
         await send(pilot, "hello")
         await reply_done(pilot)
         assert path.exists()
-        learnt = app.policy.inner.learnt()
+        learnt = app.chat.policy.inner.learnt()
     assert json.loads(path.read_text()) == json.loads(json.dumps(learnt))
     again = tui_make_app(tui_fake_factory(), config=config)
     async with again.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert again.policy.inner.learnt()["arms"].keys() == learnt["arms"].keys()
+        assert again.chat.policy.inner.learnt()["arms"].keys() == learnt["arms"].keys()

@@ -26,7 +26,8 @@ import pytest
 
 from chatapp.backends.base import BackendError, ChatMessage
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
-from chatapp.backends.rpc import Endpoint, probe
+from chatapp.backends.rpc import probe
+from chatapp.endpoints import Endpoint
 from chatapp.config import Config, ConfigError, load_config
 
 WORKTREE = Path(__file__).resolve().parents[1]
@@ -348,25 +349,25 @@ async def test_in_the_app_a_dead_server_keeps_the_reply_and_reload_works(
                     draft_length="2", n_ctx=512, threads=1, max_tokens=400,
                     rpc=(str(first.endpoint), str(second.endpoint)))
     app = tui_make_app(build_session, config=config)
-    loaded = lambda: app.session is not None  # noqa: E731
+    loaded = lambda: app.chat.session is not None  # noqa: E731
     async with app.run_test() as pilot:
         await wait_for(pilot, loaded, timeout=60, what="the models")
         assert "on 2 RPC servers" in str(
             app.query_one("#status").render())
         await send(pilot, "Tell me a long story about a lighthouse keeper.")
-        await wait_for(pilot, lambda: app.turn is not None and len(app.turn.text) > 20,
+        await wait_for(pilot, lambda: app.chat.turn is not None and len(app.chat.turn.text) > 20,
                        timeout=60, what="the reply to start")
         second.kill()
-        await wait_for(pilot, lambda: app.turn is None, timeout=30, what="the reply to end")
+        await wait_for(pilot, lambda: app.chat.turn is None, timeout=30, what="the reply to end")
         assert any(f"{second.endpoint} is not answering" in note.render().plain
                    for note in app.query(Note))
-        saved = app.history.messages(app.chat_id)
+        saved = app.chat.history.messages(app.chat.chat_id)
         assert [m.role for m in saved] == ["user", "assistant"]
         assert saved[1].finish_reason == "error" and len(saved[1].content) > 20
         assert saved[1].meta["target_rpc"] == list(config.rpc)  # the stats panel shows it
         replacement = start_server()
-        app.config = dataclasses.replace(config, rpc=(str(first.endpoint),
-                                                      str(replacement.endpoint)))
+        app.chat.config = dataclasses.replace(config, rpc=(str(first.endpoint),
+                                                           str(replacement.endpoint)))
         await keys(pilot, "ctrl+r")
         await wait_for(pilot, lambda: loaded() or app.load_error is not None, timeout=60,
                        what="the reload")

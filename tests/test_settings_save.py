@@ -57,8 +57,8 @@ async def test_save_as_defaults_writes_a_new_file_that_the_next_start_reads(tui_
         assert f"Saved to {path}" in _notes(app)
         # Applied now, as Save does ...
         assert app.config.temperature == 0.7 and app.config.system_prompt == PROMPT
-        assert app.session.settings.sampling.temperature == 0.7
-        assert app.session.system_prompt == PROMPT
+        assert app.chat.session.settings.sampling.temperature == 0.7
+        assert app.chat.session.system_prompt == PROMPT
         saved = app.config
     # ... and written: 0600 in new 0700 directories, the parent that existed left alone.
     assert _mode(path) == 0o600
@@ -75,7 +75,7 @@ async def test_save_as_defaults_writes_a_new_file_that_the_next_start_reads(tui_
     second = tui_make_app(config=restarted, config_path=path)
     async with second.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert second.session.settings.sampling.temperature == 0.7
+        assert second.chat.session.settings.sampling.temperature == 0.7
         screen = await _open_settings(pilot)
         assert screen.query_one("#set-temperature", Input).value == "0.7"
         assert screen.query_one("#set-system_prompt", TextArea).text == PROMPT

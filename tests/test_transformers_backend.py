@@ -25,7 +25,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from chatapp.backends import transformers_backend
+from chatapp.backends import hf_vocab, transformers_backend
 from chatapp.backends.base import Backend, BackendError, ChatMessage
 from chatapp.backends.transformers_backend import TransformersBackend
 from chatapp.draft_policy import FixedDraftLength
@@ -636,5 +636,5 @@ class StubTokenizer:
 
 
 def test_padding_placeholders_from_gguf_have_no_bytes_as_in_llama_cpp() -> None:
-    pieces = transformers_backend.token_pieces(StubTokenizer(["a", "b", "[PAD2]", "[PAD7]"]), 5)
+    pieces = hf_vocab.token_pieces(StubTokenizer(["a", "b", "[PAD2]", "[PAD7]"]), 5)
     assert pieces == [b"a", b"b", b"", b"[PAD7]", b""]  # "[PAD7]" at id 3 is real text

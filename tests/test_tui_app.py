@@ -37,12 +37,12 @@ async def test_sending_shows_user_and_assistant_messages(tui_make_app):
         user, assistant = views(app)
         assert (user.role, user.plain) == ("user", "hi")
         assert assistant.role == "assistant"
-        tokens = [e for e in app.session.events if isinstance(e, TokenEvent)]
+        tokens = [e for e in app.chat.session.events if isinstance(e, TokenEvent)]
         assert assistant.plain == "".join(e.text for e in tokens) != ""
         assert assistant.finish_reason in ("stop", "length")
         assert app.chat_input.text == ""
         assert "ready" in str(app.query_one("#status").render())
-        target = app.session.engine.target
+        target = app.chat.session.engine.target
     assert target.cached_tokens == ()  # the models are released when the app ends
 
 
@@ -64,7 +64,7 @@ async def test_streamed_tokens_are_styled_by_source(tui_make_app):
         await send(pilot, "tell me")
         await reply_done(pilot)
         widget = views(app, "assistant")[0].query_one(TokenText)
-        events = [e for e in app.session.events if isinstance(e, TokenEvent) and e.text]
+        events = [e for e in app.chat.session.events if isinstance(e, TokenEvent) and e.text]
         assert {e.source for e in events} >= {TokenSource.ACCEPTED, TokenSource.RESAMPLED}
 
         # Every character of the reply lies in exactly one span, styled for its event's source.
@@ -118,13 +118,13 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
     app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.02, endless=True))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        session = app.session
+        session = app.chat.session
         marks: list[tuple[int, int]] = []  # (steps the engine had yielded, K) at each key press
         change_k = app.action_draft_length
 
         def marked(delta: int) -> None:
             change_k(delta)
-            marks.append((len(step_events(session)), app.policy.budget().most))
+            marks.append((len(step_events(session)), app.chat.policy.budget().most))
             assert f"K {marks[-1][1]}" in str(app.query_one("#status").render())  # at once
 
         app.action_draft_length = marked
@@ -159,12 +159,12 @@ async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.policy.replace(Adaptive())
+        app.chat.policy.replace(Adaptive())
         app.update_status()
         assert "K auto(5)" in str(app.query_one("#status").render())
         await pilot.press("ctrl+down")
-        assert isinstance(app.policy.inner, FixedDraftLength)
-        assert app.policy.budget().most == 4
+        assert isinstance(app.chat.policy.inner, FixedDraftLength)
+        assert app.chat.policy.budget().most == 4
         assert "K 4" in str(app.query_one("#status").render())
 
 
@@ -173,17 +173,17 @@ async def test_escape_stops_the_reply_keeps_and_saves_it(tui_make_app, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "stop me")
-        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
         await keys(pilot, "escape")
         await reply_done(pilot)
         reply = views(app, "assistant")[0]
         assert reply.finish_reason == "cancelled"
         assert reply.has_class("-stopped")
         assert "stopped" in str(reply.header.render())
-        tokens = [e for e in app.session.events if isinstance(e, TokenEvent)]
+        tokens = [e for e in app.chat.session.events if isinstance(e, TokenEvent)]
         assert 0 < len(tokens) < 2000
         assert reply.plain == "".join(e.text for e in tokens)
-        chat_id = app.chat_id
+        chat_id = app.chat.chat_id
     store = HistoryStore(tmp_path / "data" / "history.sqlite3")
     saved = store.messages(chat_id)
     assert [m.role for m in saved] == ["user", "assistant"]
@@ -223,7 +223,7 @@ async def test_history_is_saved_and_reopened_in_a_new_app(tui_make_app):
         # The reopened conversation is the context of the next turn.
         await send(pilot, "third")
         await reply_done(pilot)
-        plan_messages = [m.content for m in second.transcript]
+        plan_messages = [m.content for m in second.chat.messages]
         assert plan_messages[0] == "first question" and plan_messages[-2] == "third"
 
 
@@ -236,7 +236,7 @@ async def test_stats_panel_shows_the_turn_and_past_turns_keep_theirs(tui_make_ap
         await pilot.press("ctrl+down")  # K 2 for the second turn
         await send(pilot, "two")
         await reply_done(pilot)
-        finals = [e.stats for turn in app.session.turns for e in turn if hasattr(e, "stats")]
+        finals = [e.stats for turn in app.chat.session.turns for e in turn if hasattr(e, "stats")]
         await pilot.press("f2")
         await pilot.pause()
         panel = app.stats_panel
@@ -252,7 +252,7 @@ async def test_stats_panel_shows_the_turn_and_past_turns_keep_theirs(tui_make_ap
             assert f"{position:>3} " in text and f"{rate:4.0%}" in text
         # Select the first reply with the keyboard: the panel shows its numbers.
         await pilot.press("tab")
-        assert app.focused is app.conversation
+        assert app.focused is app.message_list
         await pilot.press("home")
         await pilot.pause()
         stats, info = panel.shown
@@ -280,7 +280,7 @@ async def test_a_target_only_turn_gives_the_measured_speedup(tui_make_app):
             await pilot.press("ctrl+down")
         await send(pilot, "plain")
         await reply_done(pilot)
-        assert app.baseline_tps is not None
+        assert app.chat.baseline_tps is not None
         assert "target-only baseline" in app.stats_panel.body.render().plain
         await pilot.press("ctrl+up", "ctrl+up")
         await send(pilot, "again")
@@ -419,7 +419,7 @@ async def test_auto_scroll_follows_only_at_the_bottom(tui_make_app):
     async with app.run_test(size=(60, 20)) as pilot:
         await ready(pilot)
         await send(pilot, "long")
-        conversation = app.conversation
+        conversation = app.message_list
         await wait_for(pilot, lambda: conversation.max_scroll_y > 5, what="overflow")
         await pilot.pause(0.05)
         assert conversation.scroll_y == pytest.approx(conversation.max_scroll_y, abs=2)
@@ -452,9 +452,9 @@ async def test_settings_change_sampling_and_k(tui_make_app):
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert not isinstance(app.screen, SettingsScreen)
-        assert app.session.settings.sampling.temperature == 0.7
-        assert app.session.system_prompt == "Be brief."
-        assert app.policy.budget().most == 5
+        assert app.chat.session.settings.sampling.temperature == 0.7
+        assert app.chat.session.system_prompt == "Be brief."
+        assert app.chat.policy.budget().most == 5
         status = str(app.query_one("#status").render())
         assert "T 0.7" in status and "K 5" in status
         # A bad value is explained in the dialog, which stays open.
@@ -473,7 +473,7 @@ async def test_new_chat_delete_and_export(tui_make_app, tmp_path):
         await ready(pilot)
         await send(pilot, "keep this")
         await reply_done(pilot)
-        first_chat = app.chat_id
+        first_chat = app.chat.chat_id
         await pilot.press("f9")
         await pilot.pause()
         exported = tmp_path / "exports" / f"specchat-{first_chat}-keep-this.md"
@@ -482,19 +482,19 @@ async def test_new_chat_delete_and_export(tui_make_app, tmp_path):
         assert any(str(exported) in n.message for n in app._notifications)
         await pilot.press("ctrl+n")
         await pilot.pause()
-        assert views(app) == [] and app.chat_id is None
+        assert views(app) == [] and app.chat.chat_id is None
         await send(pilot, "another")
         await reply_done(pilot)
-        assert app.chat_id != first_chat
+        assert app.chat.chat_id != first_chat
         await pilot.press("ctrl+o")
         await pilot.pause()
-        assert len(app.history.list_chats()) == 2
+        assert len(app.chat.history.list_chats()) == 2
         await pilot.press("d", "d")  # the open chat is highlighted: delete it
         await pilot.pause()
-        assert [c.id for c in app.history.list_chats()] == [first_chat]
+        assert [c.id for c in app.chat.history.list_chats()] == [first_chat]
         await pilot.press("escape")
         await pilot.pause()
-        assert app.chat_id is None and views(app) == []
+        assert app.chat.chat_id is None and views(app) == []
 
 
 async def test_help_lists_every_binding(tui_make_app):
@@ -531,15 +531,15 @@ async def test_markdown_follows_the_stream_when_colours_are_off(tui_make_app):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "first")
-        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
         await keys(pilot, "f3")  # colours off mid-reply
-        start = len(step_events(app.session))
-        await wait_for(pilot, lambda: len(step_events(app.session)) >= start + 5, what="steps")
+        start = len(step_events(app.chat.session))
+        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= start + 5, what="steps")
         await keys(pilot, "escape")
         await reply_done(pilot)
         await send(pilot, "second")  # a reply that starts with the colours off
-        await wait_for(pilot, lambda: len(app.session.turns) == 2 and len(
-            [e for e in app.session.turns[1] if isinstance(e, StepEvent)]) >= 5, what="steps")
+        await wait_for(pilot, lambda: len(app.chat.session.turns) == 2 and len(
+            [e for e in app.chat.session.turns[1] if isinstance(e, StepEvent)]) >= 5, what="steps")
         await keys(pilot, "escape")
         await reply_done(pilot)
         await pilot.pause(0.1)
@@ -576,26 +576,26 @@ async def test_changing_the_models_in_settings_reloads_them(tui_make_app):
     app = tui_make_app(factory)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        first = app.session
+        first = app.chat.session
         await pilot.press("f4")
         app.screen.query_one("#set-target").value = "no-such-model"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
-        assert app.session is None
+        assert app.chat.session is None
         assert "Unknown model 'no-such-model'" in app.query_one("#load-error", Note).render().plain
         await pilot.press("f4")
         app.screen.query_one("#set-target").value = "fake-target"
         await pilot.press("ctrl+s")
         await ready(pilot)
-        assert app.session is not first and app.load_error is None
+        assert app.chat.session is not first and app.load_error is None
         assert not app.query("#load-error")
         assert "target fake-target" in str(app.query_one("#status").render())
         assert calls[1:] == ["no-such-model", "fake-target"]
-        second = app.session
+        second = app.chat.session
         await pilot.press("f4")
         app.screen.query_one("#set-draft_backend").value = "hf"
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: app.session not in (None, second), what="the reload")
+        await wait_for(pilot, lambda: app.chat.session not in (None, second), what="the reload")
         assert app.config.draft_backend == "hf" and len(calls) == 4
 
 
@@ -604,22 +604,22 @@ async def test_a_new_chat_mid_reply_stops_it_and_saves_it_to_its_own_chat(tui_ma
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "old chat")
-        old_chat = app.chat_id
-        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
+        old_chat = app.chat.chat_id
+        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
         await keys(pilot, "ctrl+n")
         await wait_for(pilot, lambda: views(app) == [], what="the empty chat")
-        assert app.chat_id is None
+        assert app.chat.chat_id is None
         await reply_done(pilot)
-        assert views(app) == [] and app.transcript == []
-        saved = app.history.messages(old_chat)
+        assert views(app) == [] and app.chat.messages == []
+        saved = app.chat.history.messages(old_chat)
         assert [(m.role, m.finish_reason) for m in saved] == [("user", None),
                                                               ("assistant", "cancelled")]
         await send(pilot, "new chat")
-        await wait_for(pilot, lambda: len(app.session.turns) == 2, what="the second reply")
+        await wait_for(pilot, lambda: len(app.chat.session.turns) == 2, what="the second reply")
         await keys(pilot, "escape")
         await reply_done(pilot)
-        assert app.chat_id != old_chat
-        assert [m.content for m in app.transcript][:1] == ["new chat"]
+        assert app.chat.chat_id != old_chat
+        assert [m.content for m in app.chat.messages][:1] == ["new chat"]
 
 
 async def test_quitting_mid_reply_saves_the_partial_reply(tui_make_app, tmp_path):
@@ -627,8 +627,8 @@ async def test_quitting_mid_reply_saves_the_partial_reply(tui_make_app, tmp_path
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "quit on me")
-        await wait_for(pilot, lambda: len(step_events(app.session)) >= 3, what="three steps")
-        chat_id = app.chat_id
+        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
+        chat_id = app.chat.chat_id
         await keys(pilot, "ctrl+q")
     store = HistoryStore(tmp_path / "data" / "history.sqlite3")
     saved = store.messages(chat_id)
@@ -642,7 +642,7 @@ async def test_a_history_that_cannot_be_written_does_not_stop_the_chat(tui_make_
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.history._db.close()  # as if the disk went away
+        app.chat.history._db.close()  # as if the disk went away
         await send(pilot, "still works")
         await reply_done(pilot)
         assert [v.role for v in views(app)] == ["user", "assistant"]
@@ -656,7 +656,7 @@ async def test_a_history_that_cannot_be_opened_is_reported(tui_make_app, tmp_pat
     app = tui_make_app(history_path=blocker / "history.sqlite3")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        assert app.history is None
+        assert app.chat.history is None
         assert any("cannot be opened" in n.message for n in app._notifications)
         await send(pilot, "unsaved")
         await reply_done(pilot)

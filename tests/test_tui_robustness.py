@@ -29,7 +29,8 @@ from chatapp.engine import SpeculativeEngine
 from chatapp.events import TokenEvent
 from chatapp.history import HistoryStore
 from chatapp.loader import generation_settings
-from chatapp.tui.widgets import MessageView, Note, Printable, TokenText
+from chatapp.terminal_text import Printable
+from chatapp.tui.widgets import MessageView, Note, TokenText
 from tests.conftest import (EndlessFakeBackend, RecordingSession, keys, ready, reply_done, send,
                             tui_fake_factory, wait_for)
 
@@ -58,8 +59,8 @@ def views(app, role: str | None = None) -> list[MessageView]:
 
 
 def stored(app, chat_id: int | None = None):
-    chat_id = chat_id if chat_id is not None else app.chat_id
-    return app.history.messages(chat_id)
+    chat_id = chat_id if chat_id is not None else app.chat.chat_id
+    return app.chat.history.messages(chat_id)
 
 
 def reply_tokens(session, turn: int = -1) -> list[TokenEvent]:
@@ -114,8 +115,8 @@ async def test_blank_input_sends_nothing_and_keeps_focus(tui_make_app, blank):
         await keys(pilot, "enter")
         await pilot.pause()
         assert views(app) == []
-        assert app.turn is None and app.session.turns == []  # the model was never called
-        assert app.history.list_chats() == [] and app.chat_id is None
+        assert app.chat.turn is None and app.chat.session.turns == []  # the model was never called
+        assert app.chat.history.list_chats() == [] and app.chat.chat_id is None
         assert app.focused is app.chat_input
         assert app.chat_input.text == blank  # what was there stays (nothing typed is dropped)
         assert not app._notifications  # no nagging either
@@ -124,7 +125,7 @@ async def test_blank_input_sends_nothing_and_keeps_focus(tui_make_app, blank):
         await keys(pilot, "enter")
         await reply_done(pilot)
         assert [m.content for m in stored(app)][:1] == ["now a question"]
-        assert len(app.session.turns) == 1
+        assert len(app.chat.session.turns) == 1
 
 
 async def test_blank_enter_while_a_reply_streams_leaves_it_alone(tui_make_app):
@@ -132,12 +133,12 @@ async def test_blank_enter_while_a_reply_streams_leaves_it_alone(tui_make_app):
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "stream please")
-        turn = app.turn
+        turn = app.chat.turn
         await wait_for(pilot, lambda: len(turn.steps) >= 3, what="three steps")
         for blank in ("", "  ", "\n\t"):
             app.chat_input.text = blank
             await keys(pilot, "enter")
-            assert app.turn is turn and not turn.cancel.is_set()
+            assert app.chat.turn is turn and not turn.cancel.is_set()
         steps = len(turn.steps)
         await wait_for(pilot, lambda: len(turn.steps) >= steps + 3, what="more steps")
         assert app.focused is app.chat_input
@@ -145,10 +146,10 @@ async def test_blank_enter_while_a_reply_streams_leaves_it_alone(tui_make_app):
         assert [v.role for v in views(app)] == ["user", "assistant"]
         await keys(pilot, "escape")
         await reply_done(pilot)
-        assert len(app.session.turns) == 1
+        assert len(app.chat.session.turns) == 1
         reply = views(app, "assistant")[0]
         assert reply.finish_reason == "cancelled"
-        assert reply.plain == "".join(e.text for e in reply_tokens(app.session)) != ""
+        assert reply.plain == "".join(e.text for e in reply_tokens(app.chat.session)) != ""
         assert [(m.role, m.content) for m in stored(app)] == [
             ("user", "stream please"), ("assistant", reply.plain)]
 
@@ -189,7 +190,7 @@ async def test_a_long_paste_is_sent_intact_and_the_app_stays_responsive(tui_make
         assert user.plain == text
         first = stored(app)[0]
         assert (first.role, first.content) == ("user", text)
-        assert app.transcript[0].content == text
+        assert app.chat.messages[0].content == text
         assert views(app, "assistant")[0].finish_reason in ("stop", "length")
         assert app.chat_input.text == "next"
         assert elapsed < 30, elapsed  # seconds, not minutes (about 5 s on 2 busy cores)
@@ -202,7 +203,7 @@ async def test_a_paste_too_long_for_the_context_goes_back_into_the_input(tui_mak
         await ready(pilot)
         await paste(pilot, text)
         await keys(pilot, "enter")
-        await wait_for(pilot, lambda: app.turn is None and app.chat_input.text != "",
+        await wait_for(pilot, lambda: app.chat.turn is None and app.chat_input.text != "",
                        timeout=30, what="the text back in the input")
         await pilot.pause()
         assert app.chat_input.text == text  # every character, in the input again
@@ -213,7 +214,7 @@ async def test_a_paste_too_long_for_the_context_goes_back_into_the_input(tui_mak
         assert "--n-ctx" in note or "F4" in note
         assert "back in the message box" in note
         assert "Unexpected error" not in note and "Traceback" not in note
-        assert app.history.list_chats() == []
+        assert app.chat.history.list_chats() == []
         # Trimmed, the same message goes out.
         app.chat_input.text = text[:1000]
         await keys(pilot, "enter")
@@ -235,7 +236,7 @@ def test_the_message_box_document_edits_like_textuals_for_lf_text():
 
     from textual.widgets.text_area import Document
 
-    from chatapp.tui.widgets import ChatDocument
+    from chatapp.tui.chat_input import ChatDocument
 
     rng = random.Random(4)
     alphabet = ["a", "b", " ", "\n", "é", "中", "😀", "\t", "\n\n", "xyz"]
@@ -265,7 +266,7 @@ async def test_control_characters_and_unicode_from_the_user_are_stored_exactly_a
         user = views(app, "user")[0]
         assert user.plain == HOSTILE_MESSAGE
         assert stored(app)[0].content == HOSTILE_MESSAGE
-        assert app.transcript[0].content == HOSTILE_MESSAGE
+        assert app.chat.messages[0].content == HOSTILE_MESSAGE
         body = user.query_one(".message-body").render()
         assert_renderable_is_safe(body)
         # What cannot be shown is shown as a visible symbol, one per character; the rest as is.
@@ -275,7 +276,7 @@ async def test_control_characters_and_unicode_from_the_user_are_stored_exactly_a
             assert piece in body.plain
         screen = assert_screen_is_safe(app)
         assert "PWNED" in screen and "中文字符" in screen
-        title = app.history.list_chats()[0].title
+        title = app.chat.history.list_chats()[0].title
         assert not TERMINAL_CONTROLS.search(title) and title.startswith("red? ␛[31mRED")
     store = HistoryStore(tmp_path / "data" / "history.sqlite3")
     assert store.messages(store.list_chats()[0].id)[0].content == HOSTILE_MESSAGE
@@ -369,7 +370,7 @@ async def test_a_reply_with_control_characters_is_shown_safely_and_stored_exactl
         await ready(pilot)
         await send(pilot, "say something odd")
         await reply_done(pilot)
-        tokens = reply_tokens(app.session)
+        tokens = reply_tokens(app.chat.session)
         text = "".join(e.text for e in tokens)
         for piece in ("\x1b[31m", "\x00", "\r", "\x7f", "中文", "\x1b]0;PWNED\x07"):
             assert piece in text  # the fake really produced the hostile pieces
@@ -407,7 +408,7 @@ async def test_a_reply_with_control_characters_is_shown_safely_and_stored_exactl
         await pilot.pause(0.1)
         assert_screen_is_safe(app)
         # And reopened from the history.
-        await app.open_chat(app.chat_id)
+        await app.open_chat(app.chat.chat_id)
         await pilot.pause()
         assert views(app, "assistant")[0].plain == text
         await keys(pilot, "f3")
@@ -423,7 +424,7 @@ async def test_resizing_to_a_tiny_terminal_mid_reply_loses_nothing(tui_make_app)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "keep going")
-        turn = app.turn
+        turn = app.chat.turn
         await wait_for(pilot, lambda: len(turn.steps) >= 3, what="three steps")
         for size in ((20, 6), (120, 40), (1, 1), (20, 6), (60, 12), (120, 40)):
             steps = len(turn.steps)
@@ -433,7 +434,7 @@ async def test_resizing_to_a_tiny_terminal_mid_reply_loses_nothing(tui_make_app)
         await reply_done(pilot)
         await pilot.pause()
         reply = views(app, "assistant")[0]
-        tokens = reply_tokens(app.session)
+        tokens = reply_tokens(app.chat.session)
         assert len(tokens) == 400 and reply.finish_reason == "length"
         assert reply.plain == "".join(e.text for e in tokens)
         assert stored(app)[1].content == reply.plain
@@ -443,7 +444,7 @@ async def test_resizing_to_a_tiny_terminal_mid_reply_loses_nothing(tui_make_app)
         assert box.height >= 3 and box.width > 100
         assert app.screen.region.contains_region(box)
         assert app.focused is app.chat_input
-        conversation = app.conversation
+        conversation = app.message_list
         assert conversation.region.height > 20
         assert reply.region.height > 3 and conversation.region.contains_region(reply.region)
         await keys(pilot, *"ok")
@@ -472,9 +473,9 @@ async def test_sigterm_quits_like_ctrl_q_and_gives_the_signals_back(tui_make_app
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
             await send(pilot, "terminate me")
-            await wait_for(pilot, lambda: app.turn is not None and len(app.turn.steps) >= 3,
+            await wait_for(pilot, lambda: app.chat.turn is not None and len(app.chat.turn.steps) >= 3,
                            what="three steps")
-            chat_id = app.chat_id
+            chat_id = app.chat.chat_id
             os.kill(os.getpid(), signal.SIGTERM)
             await wait_for(pilot, lambda: not app.is_running, what="the exit")
         assert caught == []  # the app had the signal

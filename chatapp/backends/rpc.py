@@ -26,17 +26,17 @@ import ctypes
 import ipaddress
 import socket
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chatapp.backends.base import BackendError
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
+from chatapp.endpoints import Endpoint
 
 # The one command that installs llama-cpp-python with the RPC backend (and AMX code paths off).
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
-DEFAULT_PORT = 50052
 PROBE_TIMEOUT_S = 3.0
 SECURITY_NOTE = ("The RPC protocol has no authentication and no encryption: whoever reaches this "
                  "port can run computations on this machine and see the prompts' activations. "
@@ -48,46 +48,6 @@ _HELLO_RESPONSE_SIZE = 4 + _CAPS_SIZE
 _GGML_SOVERSION = 0
 _DEVICE_TYPE_CPU = 0
 _DEVICE_TYPE_ACCEL = 3
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A server's address; ``str()`` is the ``host:port`` llama.cpp takes."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @classmethod
-    def parse(cls, text: str) -> "Endpoint":
-        """``host:port``; raise ``ValueError`` saying what is wrong."""
-        host, sep, port = text.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"{text!r} is not host:port (e.g. 192.168.1.20:{DEFAULT_PORT})")
-        return cls(host, int(port))
-
-
-def rpc_label(endpoints: Sequence[str], short: bool = False) -> str:
-    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p";
-    ``short`` (a header line): "on 2 RPC servers" when there are several."""
-    if short and len(endpoints) > 1:
-        return f"on {len(endpoints)} RPC servers"
-    return f"on RPC {', '.join(endpoints)}" if endpoints else ""
-
-
-def parse_endpoints(items: Iterable[str]) -> tuple[Endpoint, ...]:
-    """Every ``host:port`` of ``items`` (each may hold several, comma-separated), in order,
-    without repeats; raise ``ValueError`` on the first malformed one."""
-    found: list[Endpoint] = []
-    for item in items:
-        for part in item.split(","):
-            if part.strip():
-                endpoint = Endpoint.parse(part)
-                if endpoint not in found:
-                    found.append(endpoint)
-    return tuple(found)
 
 
 def require_rpc() -> None:

@@ -28,7 +28,6 @@ import gc
 import hashlib
 import inspect
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -47,6 +46,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp.backends.base import BackendError, ChatMessage, ModelFacts  # noqa: E402
 from chatapp import user_files  # noqa: E402
+from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
 from chatapp.chat_template import render_chat  # noqa: E402
 from chatapp.thread_tuner import make_thread_choice  # noqa: E402
 
@@ -57,8 +57,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16,
 }
-_END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SAFE_LOAD = {"local_files_only": True, "trust_remote_code": False}
 
 hf_logging.disable_progress_bar()  # loading progress goes through specchat's own callback
@@ -101,7 +99,7 @@ class TransformersBackend(ModelFacts):
         max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self._n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
         self._pieces = token_pieces(tokenizer, self._vocab_size)
-        self._stop_ids = _stop_ids(model, tokenizer, self._vocab_size)
+        self._stop_ids = stop_ids(model, tokenizer, self._vocab_size)
         parameters = inspect.signature(model.forward).parameters
         # transformers 5.x renamed past_key_values to cache; older versions only know the former.
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
@@ -379,73 +377,3 @@ def _save_atomically(model: Any, tokenizer: Any, destination: Path) -> None:
                                "parameter) or pass another cache directory.") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-# -- vocabulary ----------------------------------------------------------------------------------
-
-def token_pieces(tokenizer: Any, vocab_size: int) -> list[bytes]:
-    """Raw bytes of every id < ``vocab_size``: added tokens as their text; byte-level BPE tokens
-    through the inverse GPT-2 byte table; ``<0xNN>`` byte-fallback tokens as that byte;
-    SentencePiece pieces with U+2581 as a space; otherwise ``convert_tokens_to_string``.
-    Ids the tokenizer does not have give b"", and so do the ``[PAD<id>]`` placeholders that a
-    tokenizer converted from GGUF has for the padding rows of the embedding: llama.cpp marks
-    those ids unused and gives them no text, so both backends agree on the token list."""
-    count = min(len(tokenizer), vocab_size)
-    strings = tokenizer.convert_ids_to_tokens(list(range(count)))
-    added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
-    byte_level = _is_byte_level(tokenizer)
-    pieces = []
-    for token, string in enumerate(strings):
-        if token in added:
-            pieces.append(added[token].encode())
-        elif string is None or string == f"[PAD{token}]":
-            pieces.append(b"")
-        else:
-            pieces.append(_piece_bytes(string, byte_level, tokenizer))
-    return pieces + [b""] * (vocab_size - count)
-
-
-def _piece_bytes(string: str, byte_level: bool, tokenizer: Any) -> bytes:
-    if byte_level:
-        try:
-            return string.translate(_BYTE_LEVEL_TABLE).encode("latin-1")
-        except UnicodeEncodeError:
-            pass  # a character outside the byte table: not a byte-level piece
-    if match := _BYTE_FALLBACK.fullmatch(string):
-        return bytes([int(match.group(1), 16)])
-    if "\u2581" in string:
-        return string.replace("\u2581", " ").encode()
-    return tokenizer.convert_tokens_to_string([string]).encode()
-
-
-def _is_byte_level(tokenizer: Any) -> bool:
-    """True when the fast tokenizer's decoder is (or contains) the ByteLevel decoder."""
-    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-    return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
-
-
-def _byte_level_table() -> dict[int, str]:
-    """A ``str.translate`` table inverting GPT-2's bytes_to_unicode: each stand-in character
-    becomes the latin-1 character of its byte. Characters below 256 that are not stand-ins map
-    to U+FFFF, so encoding the result to latin-1 fails on anything that is not a byte-level
-    piece."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    others = [b for b in range(256) if b not in table]
-    table |= {256 + i: chr(b) for i, b in enumerate(others)}
-    table |= {b: "\uffff" for b in others}
-    return table
-
-
-_BYTE_LEVEL_TABLE = _byte_level_table()
-
-
-def _stop_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:
-    ids: set[int] = set()
-    for holder in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(holder, "eos_token_id", None)
-        ids.update(value if isinstance(value, (list, tuple, set)) else [value])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab.get(text) for text in _END_OF_TURN_TOKENS)
-    return frozenset(i for i in ids if isinstance(i, int) and 0 <= i < vocab_size)

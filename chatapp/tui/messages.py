@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from chatapp.events import StepEvent
+from chatapp.events import PromptEvent, StepEvent
 from chatapp.session import ChatSession
-from chatapp.stats import TurnStats
-from chatapp.tui.turn import Piece, Turn
+from chatapp.stats import ReplayStats, TurnStats
+from chatapp.turns import PlanEvent, Piece, ReplayJob, Turn
 
 
 class LoadProgress(Message):
@@ -32,13 +32,19 @@ class LoadFailed(Message):
 
 
 class ReplyPlanned(Message):
-    def __init__(self, turn: Turn, prompt_tokens: int, dropped_messages: int,
-                 fallback_template: bool) -> None:
+    def __init__(self, turn: Turn, plan: PlanEvent) -> None:
         super().__init__()
         self.turn = turn
-        self.prompt_tokens = prompt_tokens
-        self.dropped_messages = dropped_messages
-        self.fallback_template = fallback_template
+        self.plan = plan
+
+
+class ReplyPrompt(Message):
+    """The engine evaluated the reply's prompt."""
+
+    def __init__(self, turn: Turn, prompt: PromptEvent) -> None:
+        super().__init__()
+        self.turn = turn
+        self.prompt = prompt
 
 
 class ReplyStep(Message):
@@ -63,4 +69,14 @@ class ReplyFailed(Message):
     def __init__(self, turn: Turn, error: str) -> None:
         super().__init__()
         self.turn = turn
+        self.error = error
+
+
+class ReplayDone(Message):
+    """A replay at K = 0 ended: ``result`` None when it was stopped, ``error`` when it failed."""
+
+    def __init__(self, job: ReplayJob, result: ReplayStats | None, error: str = "") -> None:
+        super().__init__()
+        self.job = job
+        self.result = result
         self.error = error

@@ -22,7 +22,8 @@ from chatapp.draft_policy import MAX_DRAFT_LENGTH
 from chatapp.events import TokenSource
 from chatapp.history import ChatSummary, HistoryError, HistoryStore
 from chatapp.options import OPTIONS, OptionError
-from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText, printable, printable_line
+from chatapp.terminal_text import printable, printable_line
+from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
 

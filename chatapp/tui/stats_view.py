@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from rich.style import Style
 from rich.text import Text
 
-from chatapp.backends.rpc import rpc_label
-from chatapp.stats import TurnStats
+from chatapp.endpoints import rpc_label
+from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 
 BAR_WIDTH = 14
 STYLE_NAMES = ("heading", "muted", "bar", "bar-empty", "draft", "verify", "prompt", "other")
@@ -24,17 +24,7 @@ class TurnInfo:
     finish_reason: str | None = None  # None while streaming
     live: bool = False
     target_rpc: tuple[str, ...] = ()  # the RPC servers that held the target's layers, if any
-
-
-def decode_tokens_per_s(stats: TurnStats) -> float:
-    """Tokens per second of generation, the prompt's processing left out."""
-    decode_s = stats.total_s - stats.prompt_s
-    return stats.tokens / decode_s if decode_s > 0 else 0.0
-
-
-def is_target_only(stats: TurnStats) -> bool:
-    """A turn decoded by the target alone (K = 0 throughout): the baseline for the speedup."""
-    return stats.drafted == 0 and stats.target_calls > 0 and stats.tokens > 0
+    replay: ReplayStats | None = None  # this reply decoded again at K = 0, if the user asked
 
 
 def bar(fraction: float, width: int = BAR_WIDTH) -> tuple[str, str]:
@@ -113,14 +103,17 @@ def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | 
     if not info.live:
         line("Prompt", f"{stats.prompt_tokens} tok",
              f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
-    if is_target_only(stats):
+    if info.replay is not None:
+        line("Speedup", f"{info.replay.speedup:.2f}×", "replayed at K 0")
+        text.append(info.replay.summary() + "\n", style["muted"])
+    elif is_target_only(stats):
         line("Speedup", "1.00×", "this turn is the target-only baseline")
     elif baseline_tps:
         ratio = decode_tokens_per_s(stats) / baseline_tps
         line("Speedup", f"{ratio:.2f}×", f"vs target-only {baseline_tps:.1f} tok/s (measured)")
     else:
-        text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target alone.\n",
-                    style["muted"])
+        text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target alone, or "
+                    "replay this reply at K 0 (F8).\n", style["muted"])
     return text
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 from rich.style import Style
@@ -13,14 +12,14 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Label, Markdown, Static, TextArea
-from textual.widgets.text_area import (Document, DocumentNavigator, EditResult, Location,
-                                       WrappedDocument)
+from textual.widgets import Label, Markdown, Static
 
 from chatapp.events import TokenSource
 from chatapp.stats import TurnStats
+from chatapp.terminal_text import Printable, printable
+from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
-from chatapp.tui.turn import Turn
+from chatapp.turns import ChatEntry, Turn
 
 TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
 
@@ -30,51 +29,6 @@ TOKEN_MEANINGS = {
     TokenSource.BONUS: "a free extra token after the target accepted every draft",
     TokenSource.TARGET: "decoded by the target alone (K = 0)",
 }
-
-
-# -- text on the screen -----------------------------------------------------------------------
-#
-# Messages hold exactly what was typed or generated; what goes on the screen must never be
-# something the terminal acts on (an escape sequence that recolours, clears or retitles it, a bell,
-# a NUL). C0 controls other than tab and the line breaks, DEL and the C1 controls are shown as
-# visible symbols instead, one for one (so that positions in the text and on the screen agree).
-# Line and paragraph separators, which terminals do not agree on, are shown as symbols too.
-
-_SHOWN = str.maketrans({
-    **{code: 0x2400 + code for code in range(0x20) if code not in (0x09, 0x0A, 0x0D)},  # ␀ ␇ ␛
-    0x7F: 0x2421,  # ␡
-    **{code: 0xFFFD for code in range(0x80, 0xA0)},  # C1 controls (0x9B is an 8-bit CSI)
-    0x2028: 0x21B5,  # line separator: ↵
-    0x2029: 0x00B6,  # paragraph separator: ¶
-})
-
-
-class Printable:
-    """Turns text into text that is safe to show on a terminal, piece by piece: controls become
-    visible symbols, CR LF and a lone CR become a line break (as in the message box). A CR at the
-    end of one piece and an LF at the start of the next are one line break, as if the text had
-    come at once."""
-
-    def __init__(self) -> None:
-        self.after_cr = False
-
-    def __call__(self, text: str) -> str:
-        if self.after_cr and text.startswith("\n"):
-            text = text[1:]
-        self.after_cr = text.endswith("\r")
-        if "\r" in text:
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-        return text.translate(_SHOWN)
-
-
-def printable(text: str) -> str:
-    """``text`` as it may be shown on a terminal (see ``Printable``)."""
-    return Printable()(text)
-
-
-def printable_line(text: str) -> str:
-    """``printable(text)`` on one line, runs of whitespace as one space (titles, list entries)."""
-    return " ".join(printable(text).split())
 
 
 class TokenText(Widget):
@@ -183,97 +137,10 @@ class Legend(TokenText):
         self.refresh(layout=True)
 
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-class ChatDocument(Document):
-    """The message box's text. Lines break at LF, CR LF and CR only, and the text always has LF
-    line breaks: terminals paste line breaks as CR (xterm, VTE) or LF, and a message must not
-    depend on which. Every other character is kept as it came. (Textual's ``Document`` also breaks
-    lines at form feeds, vertical tabs, U+2028 and other separators, losing them, and joins all
-    lines with the first line break it saw, so that pasted LF lines could come out as CR LF.)"""
-
-    def __init__(self, text: str) -> None:
-        super().__init__("")
-        self._newline = "\n"
-        self._lines = _LINE_BREAK.split(text)
-
-    def replace_range(self, start: Location, end: Location, text: str) -> EditResult:
-        """``Document.replace_range``, with the line breaks above."""
-        top, bottom = sorted((start, end))
-        top_row, top_column = top
-        bottom_row, bottom_column = bottom
-        lines = self._lines
-        replaced_text = self.get_text_range(top, bottom)
-        before = lines[top_row][:top_column] if top_row < len(lines) else ""
-        after = lines[bottom_row][bottom_column:] if bottom_row < len(lines) else ""
-        insert_lines = _LINE_BREAK.split(text)
-        insert_lines[0] = before + insert_lines[0]
-        destination_column = len(insert_lines[-1])
-        insert_lines[-1] += after
-        lines[top_row:bottom_row + 1] = insert_lines
-        return EditResult((top_row + len(insert_lines) - 1, destination_column), replaced_text)
-
-
-class ChatInput(TextArea):
-    """The message box: Enter sends, ctrl+j (or shift+enter) starts a new line. It holds what
-    was typed or pasted exactly (line breaks as LF, see ``ChatDocument``) and shows control
-    characters as symbols."""
-
-    BINDINGS = [Binding("ctrl+j,shift+enter", "newline", "New line", show=False)]
-
-    class Submitted(Message):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
-                         placeholder="Message (Enter sends, ctrl+j new line, F1 help)")
-
-    async def _on_key(self, event: events.Key) -> None:
-        if event.key == "enter":
-            event.stop()
-            event.prevent_default()
-            self.post_message(self.Submitted(self.text))
-        elif event.key in ("ctrl+j", "shift+enter"):
-            # Here, not only through the binding: a binding runs after the keys already queued,
-            # so "a", ctrl+j, "b" arriving in one burst (a fast typist, a paste without bracketed
-            # paste) would become "ab\n".
-            event.stop()
-            event.prevent_default()
-            self.action_newline()
-        # Any other key: TextArea._on_key runs next (dispatch walks the MRO).
-
-    def _set_document(self, text: str, language: str | None) -> None:
-        super()._set_document(text, language)
-        if type(self.document) is Document:  # plain text (always, here): the exact document
-            self.document = ChatDocument(text)
-            self.wrapped_document = WrappedDocument(self.document, tab_width=self.indent_width)
-            self.navigator = DocumentNavigator(self.wrapped_document)
-            self.move_cursor((0, 0))
-            self._rewrap_and_refresh_virtual_size()
-
-    def get_line(self, line_index: int) -> Text:
-        line = super().get_line(line_index)
-        shown = self.document.get_line(line_index).translate(_SHOWN)  # one symbol per character
-        if shown != line.plain:
-            line = Text(shown, end=line.end, no_wrap=line.no_wrap)
-        return line
-
-    def action_newline(self) -> None:
-        start, end = self.selection
-        self.replace("\n", start, end, maintain_selection_offset=False)
-
-    def restore(self, text: str) -> None:
-        """Give back text that could not be sent, keeping anything typed since."""
-        current = self.text
-        self.text = text if not current.strip() else f"{text}\n{current}"
-        self.move_cursor(self.document.end)
-
-
 class MessageView(Vertical):
-    """One message of the conversation. Assistant messages carry their tokens and statistics."""
+    """One message of the chat. Assistant messages carry their tokens and statistics. ``entry``:
+    the conversation's record of the message (None until a streaming reply is done); ``turn``:
+    the reply streaming into it (None once done)."""
 
     class Selected(Message):
         def __init__(self, view: "MessageView") -> None:
@@ -283,7 +150,7 @@ class MessageView(Vertical):
     def __init__(self, role: str, content: str = "", *,
                  pieces: Sequence[tuple[str, TokenSource]] | None = None,
                  stats: TurnStats | None = None, k_label: str = "",
-                 finish_reason: str | None = None, message_id: int | None = None,
+                 finish_reason: str | None = None, entry: ChatEntry | None = None,
                  highlight: bool = True, turn: Turn | None = None,
                  target_rpc: Sequence[str] = ()) -> None:
         super().__init__(classes=f"-{role}")
@@ -293,7 +160,7 @@ class MessageView(Vertical):
         self.k_label = k_label
         self.target_rpc = tuple(target_rpc)  # where the target ran: RPC servers, or () here
         self.finish_reason = finish_reason
-        self.message_id = message_id
+        self.entry = entry
         self.turn = turn
         self.highlight = highlight
         self._initial_pieces = list(pieces) if pieces is not None else (
@@ -304,6 +171,13 @@ class MessageView(Vertical):
         self._markdown_shown = Printable()
         self._markdown_starting = False
         self._set_state_classes()
+
+    @classmethod
+    def of(cls, entry: ChatEntry, highlight: bool) -> "MessageView":
+        """The view of a message of the conversation."""
+        return cls(entry.role, entry.content, pieces=entry.pieces, stats=entry.stats,
+                   k_label=entry.k_label, finish_reason=entry.finish_reason, entry=entry,
+                   highlight=highlight, target_rpc=entry.target_rpc)
 
     def compose(self):
         yield self.header
@@ -373,10 +247,13 @@ class MessageView(Vertical):
         self.header.update(self._header_text())
         self._set_state_classes()
 
-    def finish(self, finish_reason: str, stats: TurnStats | None) -> None:
-        self.finish_reason = finish_reason
+    def finish(self, entry: ChatEntry) -> None:
+        """The reply is done: show ``entry``, the conversation's record of it."""
+        self.entry = entry
+        self.k_label = entry.k_label
+        self.finish_reason = entry.finish_reason
         self.turn = None
-        self.update_header(stats)
+        self.update_header(entry.stats)
 
     def _set_state_classes(self) -> None:
         self.set_class(self.finish_reason == "cancelled", "-stopped")
@@ -413,8 +290,9 @@ class Note(Static):
         super().__init__(Text(printable(text)), classes=f"note -{kind}", id=id)
 
 
-class Conversation(VerticalScroll, can_focus=True):
-    """The messages. Focus it (Tab) and use up/down to select one; the stats panel follows."""
+class MessageList(VerticalScroll, can_focus=True):
+    """The messages. Focus it (Tab) and use up/down to select one; the stats panel follows. The
+    keys on a message (copy, edit, replay) are the app's actions on the selected message."""
 
     BINDINGS = [
         Binding("up,k", "select(-1)", "Previous message", show=False),
@@ -423,6 +301,10 @@ class Conversation(VerticalScroll, can_focus=True):
         Binding("end", "select_edge(-1)", "Last message", show=False),
         Binding("enter,escape", "back_to_input", "Back to the message box", show=False),
         Binding("question_mark", "app.help", "Help", show=False),
+        Binding("c", "app.copy_message", "Copy"),
+        Binding("b", "app.copy_code", "Copy code"),
+        Binding("e", "app.edit_message", "Edit"),
+        Binding("z", "app.replay", "Replay K0"),
     ]
 
     selected: reactive[MessageView | None] = reactive(None, init=False)

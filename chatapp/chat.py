@@ -1,0 +1,423 @@
+"""One conversation end to end: its messages, their history rows, the turn lifecycle, the draft
+policy and its memory, reconfiguring and closing the models.
+
+The chat app and ``specchat run`` each hold one ``Conversation`` and only call it; they render
+what it yields and never reach into the engine, the drafters, the backends or the history.
+
+A turn: ``begin`` (a new user message), ``regenerate`` (the last reply again) or ``edit`` (a past
+user message changed, the later turns replaced) returns a ``Turn``. A worker thread iterates
+``stream(turn)``: one ``PlanEvent``, then the engine's events. The front end hands each step to
+``turn.add_step`` and ends the turn with ``finish`` (done or stopped: the reply is saved) or
+``fail`` (a reply with text is kept; one without is rolled back and the front end gives the
+user's text back). ``replay`` decodes a reply again at K = 0 to measure its real speedup.
+
+Threads: ``stream`` and ``run_replay`` only run the models and are for a worker thread; every
+other method runs on the caller's thread, the one that opened the history (SQLite connections
+stay on their thread). A history write that fails is reported through ``on_write_error`` and
+never stops the chat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from chatapp.backends.base import ChatMessage
+from chatapp.config import Config
+from chatapp.auto_policy import AutoDraftLength
+from chatapp.draft_policy import (MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength,
+                                  SwitchablePolicy)
+from chatapp.engine import ContextOverflowError
+from chatapp.errors import UserFacingError
+from chatapp.events import DoneEvent
+from chatapp.history import HistoryStore
+from chatapp.loader import generation_settings, make_policy
+from chatapp.policy_memory import memory_path, recall, remember
+from chatapp.session import ChatSession, fallback_template_note
+from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
+from chatapp.terminal_text import printable_line
+from chatapp.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+
+# Fields whose change needs the models loaded again.
+RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
+                 "gpu_layers", "device", "dtype", "rpc", "tensor_split")
+# A target-only turn shorter than this is too noisy to be the speedup baseline.
+MIN_BASELINE_TOKENS = 8
+TITLE_LENGTH = 60
+
+
+class ChatActionError(UserFacingError):
+    """A chat action that cannot be done now (nothing to regenerate, a reply is streaming...)."""
+
+
+def _ignore(message: str) -> None:
+    """The default ``on_write_error``: say nothing."""
+
+
+class Conversation:
+    """One chat and the models that answer in it (see the module docstring for the contract)."""
+
+    def __init__(self, config: Config, history: HistoryStore | None = None, *,
+                 on_write_error: Callable[[str], None] = _ignore,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.config = config
+        self.history = history
+        self.on_write_error = on_write_error
+        self.clock = clock
+        self.session: ChatSession | None = None
+        self.policy = SwitchablePolicy(make_policy(config))
+        self._policy_from_config = True  # False once the user picked K another way
+        self._attached = False  # a pair of models was attached before
+        self.chat_id: int | None = None
+        self.entries: list[ChatEntry] = []
+        self.turn: Turn | None = None  # the reply being made, in this chat or an earlier one
+        self.replaying: ReplayJob | None = None
+        self.epoch = 0
+        self.baseline_tps: float | None = None  # decode tok/s of a target-only turn, this pair
+        self._told_fallback_template = False
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def attach(self, session: ChatSession) -> None:
+        """Chat with ``session``'s models from now on."""
+        self.session = session
+        if self._policy_from_config:
+            if self._attached:  # another pair: learnt afresh, or recalled
+                self.policy.replace(make_policy(self.config))
+            self._recall(self.policy.inner, self.config)
+        self._attached = True
+        self.baseline_tps = None  # a new pair: measure the target alone again
+        self._told_fallback_template = False
+
+    def release(self) -> None:
+        """Close the models (a reload follows, or the chat ends)."""
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.session is not None and self.session.engine.drafter_name is not None
+
+    @property
+    def busy(self) -> bool:
+        """A reply or a replay is running: the models take no other work."""
+        return self.turn is not None or self.replaying is not None
+
+    def reconfigure(self, config: Config) -> bool:
+        """Use ``config`` from the next reply on; True when its models must be loaded again."""
+        old, self.config = self.config, config
+        if config.draft_length != old.draft_length:
+            self._install_policy(config)
+        if self.session is not None:
+            self.session.configure(generation_settings(config), config.system_prompt)
+            if config.seed is not None and config.seed != old.seed:
+                self.session.reseed(config.seed)
+        return any(getattr(old, name) != getattr(config, name) for name in RELOAD_FIELDS)
+
+    # -- the draft policy -----------------------------------------------------------------------
+
+    def adjust_draft_length(self, delta: int) -> int:
+        """K + ``delta`` (an adaptive policy becomes a fixed K); returns the K now in force."""
+        current = self.turn.last_k if self.turn is not None else None
+        before = self.policy.inner
+        k = self.policy.adjust(delta, current)
+        if self.policy.inner is not before:
+            self._policy_changed()
+        return k
+
+    def set_draft_length(self, k: int) -> None:
+        inner = self.policy.inner
+        if isinstance(inner, FixedDraftLength):
+            inner.set(k)
+        else:
+            self._policy_changed()
+            self.policy.replace(FixedDraftLength(min(max(k, 0), MAX_DRAFT_LENGTH)))
+
+    def set_auto_draft_length(self) -> None:
+        self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
+
+    def _install_policy(self, config: Config) -> None:
+        self._policy_changed()
+        self.policy.replace(self._configured_policy(config))
+        self._policy_from_config = self.session is None
+
+    def _configured_policy(self, config: Config) -> DraftPolicy:
+        """``make_policy``; once the models are loaded, an auto policy starts from what the last
+        run on this machine and pair measured (``chatapp.policy_memory``)."""
+        policy = make_policy(config)
+        if self.session is not None:
+            self._recall(policy, config)
+        return policy
+
+    @staticmethod
+    def _recall(policy: DraftPolicy, config: Config) -> None:
+        """An auto policy starts from what the last run with ``config``'s pair measured."""
+        if isinstance(policy, AutoDraftLength):
+            recall(policy, memory_path(config))
+
+    def _policy_changed(self) -> None:
+        """The policy in force no longer follows the configuration."""
+        self._policy_from_config = False
+
+    def _remember_policy(self) -> None:
+        if isinstance(self.policy.inner, AutoDraftLength):
+            remember(self.policy.inner, memory_path(self.config))
+
+    # -- chats ----------------------------------------------------------------------------------
+
+    def open_chat(self, chat_id: int | None) -> list[ChatEntry]:
+        """Show chat ``chat_id`` (None: a new, empty chat); returns its messages. A reply still
+        being made is stopped and saved to its own chat."""
+        if self.turn is not None:
+            self.turn.cancel.set()
+        self.epoch += 1
+        self.chat_id = chat_id
+        stored = self.history.messages(chat_id) if self.history and chat_id is not None else []
+        self.entries = [ChatEntry.from_stored(m) for m in stored]
+        return self.entries
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """The open chat as the models see it."""
+        return [ChatMessage(entry.role, entry.content) for entry in self.entries]
+
+    def is_current(self, turn: Turn) -> bool:
+        """Whether ``turn`` belongs to the chat open now."""
+        return turn.epoch == self.epoch
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    def begin(self, text: str) -> Turn:
+        """A new user message and the turn that answers it."""
+        self._check_idle()
+        entry = ChatEntry("user", text, self._save_user_message(text))
+        self.entries.append(entry)
+        return self._start(text, user_entry=entry)
+
+    def regenerate(self, new_seed: bool = False) -> Turn:
+        """The last reply made again with the same settings (``new_seed``: the random generator
+        restarted from a fresh seed, in ``turn.meta["seed"]``). The old reply is replaced once
+        the new one is done; if the new one fails before its first token, it stays."""
+        self._check_idle()
+        if len(self.entries) < 2 or self.entries[-1].role != "assistant":
+            raise ChatActionError("There is no reply to regenerate yet: send a message first.")
+        old = self.entries.pop()
+        meta: dict[str, Any] = {}
+        if new_seed:
+            meta["seed"] = random.SystemRandom().randrange(2**32)
+            self._require_session().reseed(meta["seed"])
+        return self._start(self.entries[-1].content, replaces=old, meta=meta)
+
+    def edit(self, entry: ChatEntry, text: str) -> tuple[Turn, str]:
+        """Send ``text`` in place of the user message ``entry``: the later turns are replaced.
+        The chat as it was is kept in the history as its own chat; returns the turn and that
+        chat's title ("" when nothing was saved: no history, or nothing came after)."""
+        self._check_idle()
+        if entry not in self.entries or entry.role != "user":
+            raise ChatActionError("Only your own messages of this chat can be edited.")
+        backup = self._keep_before_edit(entry)
+        del self.entries[self.entries.index(entry):]
+        return self.begin(text), backup
+
+    def _keep_before_edit(self, entry: ChatEntry) -> str:
+        """Copy the chat to "<title> (before edit)" and cut it at ``entry``; returns the title."""
+        if self.history is None or self.chat_id is None or entry.message_id is None:
+            return ""
+        chat = self.history.get_chat(self.chat_id)
+        title = f"{chat.title if chat else 'Chat'} (before edit)"
+        if self._write(self.history.copy_chat, self.chat_id, title) is None:
+            return ""
+        self._write(self.history.delete_messages_from, entry.message_id)
+        return title
+
+    def _check_idle(self) -> None:
+        self._require_session()
+        if self.turn is not None:
+            raise ChatActionError("A reply is still streaming: Esc stops it.")
+        if self.replaying is not None:
+            raise ChatActionError("A replay at K = 0 is running: Esc stops it.")
+
+    def _require_session(self) -> ChatSession:
+        if self.session is None:
+            raise ChatActionError("The models are not loaded yet.")
+        return self.session
+
+    def _start(self, user_text: str, *, user_entry: ChatEntry | None = None,
+               replaces: ChatEntry | None = None, meta: dict[str, Any] | None = None) -> Turn:
+        turn = Turn(messages=self.messages, user_text=user_text, started_at=self.clock(),
+                    chat_id=self.chat_id, epoch=self.epoch, user_entry=user_entry,
+                    replaces=replaces, meta=self._turn_meta() | (meta or {}),
+                    k_start=self.policy.label)
+        self.turn = turn
+        return turn
+
+    def _turn_meta(self) -> dict[str, Any]:
+        settings = self._require_session().settings
+        config = self.config
+        return {"k": self.policy.label, "temperature": settings.sampling.temperature,
+                "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
+                "max_tokens": settings.max_tokens, "draft": config.draft,
+                "target": config.target} | (
+                    {"target_rpc": list(config.rpc)} if config.rpc else {})
+
+    def stream(self, turn: Turn) -> Iterator[ChatEvent]:
+        """(Worker thread.) ``turn``'s events: a ``PlanEvent``, then the engine's. Raises what
+        the models raise; a message that does not fit the context sets ``turn.not_sent``."""
+        session = self._require_session()
+        try:
+            plan, events = session.stream(turn.messages, self.policy, turn.cancel)
+        except ContextOverflowError:
+            turn.not_sent = True
+            raise
+        note = ""
+        if plan.fallback_template and not self._told_fallback_template:
+            self._told_fallback_template = True  # once per loaded model
+            note = fallback_template_note(session.engine.target_name)
+        yield PlanEvent(len(plan.tokens), plan.dropped_messages, note)
+        yield from events
+
+    def finish(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
+        """The reply is done (or stopped): save it once and add it to its chat."""
+        turn.final_stats = stats
+        turn.finish_reason = finish_reason
+        entry = self._save_reply(turn, finish_reason, stats)
+        if self.is_current(turn):
+            self.entries.append(entry)
+        if self.turn is turn:
+            self.turn = None
+        if finish_reason != "error":
+            self._remember_policy()
+        if is_target_only(stats) and stats.tokens >= MIN_BASELINE_TOKENS:
+            self.baseline_tps = decode_tokens_per_s(stats)
+        return entry
+
+    def fail(self, turn: Turn) -> ChatEntry | None:
+        """The reply failed. What it made so far is kept (the entry returned); a reply without
+        a token is rolled back (None): its user message leaves the chat and the history, and
+        the front end gives ``turn.user_text`` back to the user."""
+        if turn.text:
+            return self.finish(turn, "error", turn.stats(self.clock()))
+        turn.finish_reason = "error"
+        if self.turn is turn:
+            self.turn = None
+        current = self.is_current(turn)
+        if turn.replaces is not None:
+            if current:
+                self.entries.append(turn.replaces)
+            return None
+        entry = turn.user_entry
+        if current and entry in self.entries:
+            self.entries.remove(entry)
+        if self.history is not None and entry is not None and entry.message_id is not None:
+            self._write(self.history.delete_message, entry.message_id)
+            chat = self.history.get_chat(turn.chat_id) if turn.chat_id is not None else None
+            if chat is not None and chat.message_count == 0:
+                self._write(self.history.delete_chat, chat.id)
+                if self.chat_id == chat.id:
+                    self.chat_id = None
+        return None
+
+    def stop_and_save(self) -> None:
+        """Stop the reply being made, if any, and save it as it stands (the app is ending)."""
+        turn = self.turn
+        if turn is not None and not turn.done:
+            turn.cancel.set()
+            self._save_reply(turn, "cancelled", turn.stats(self.clock()))
+        if self.replaying is not None:
+            self.replaying.cancel.set()
+
+    def _save_user_message(self, text: str) -> int | None:
+        if self.history is None:
+            return None
+        if self.chat_id is None:
+            title = printable_line(text)[:TITLE_LENGTH]
+            self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
+                                       self.config.target)
+            if self.chat_id is None:
+                return None
+        return self._write(self.history.add_message, self.chat_id, "user", text)
+
+    def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
+        turn.meta["k"] = turn.k_label()
+        entry = ChatEntry("assistant", turn.text, None, list(turn.pieces), stats, finish_reason,
+                          turn.meta)
+        if turn.saved or self.history is None or turn.chat_id is None:
+            return entry
+        turn.saved = True
+        if turn.replaces is not None and turn.replaces.message_id is not None:
+            self._write(self.history.delete_message, turn.replaces.message_id)
+        entry.message_id = self._write(
+            self.history.add_message, turn.chat_id, "assistant", turn.text, runs=turn.pieces,
+            finish_reason=finish_reason, stats=stats, meta=turn.meta)
+        return entry
+
+    def _write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A history write; a failure (disk full, file gone) is reported, never fatal."""
+        try:
+            return write(*args, **kwargs)
+        except (sqlite3.Error, OSError) as error:
+            where = self.history.path if self.history is not None else "the history"
+            self.on_write_error(f"Could not save to the history at {where}: {error}. The chat "
+                                "goes on unsaved.")
+            return None
+
+    # -- replay at K = 0 ------------------------------------------------------------------------
+
+    def prepare_replay(self, entry: ChatEntry) -> ReplayJob:
+        """A replay of the reply ``entry`` at K = 0 (plain decoding, the same prompt, as many
+        tokens), to measure what speculation bought on it; ``run_replay`` runs it."""
+        self._check_idle()
+        if entry not in self.entries or entry.role != "assistant" or entry.stats is None \
+                or not entry.stats.tokens:
+            raise ChatActionError("Pick a reply with statistics to replay (a saved reply).")
+        if is_target_only(entry.stats):
+            raise ChatActionError("This reply was decoded at K = 0 already: it is the baseline.")
+        index = self.entries.index(entry)
+        job = ReplayJob(entry, self.messages[:index], entry.stats.tokens,
+                        decode_tokens_per_s(entry.stats))
+        self.replaying = job
+        return job
+
+    def run_replay(self, job: ReplayJob) -> ReplayStats | None:
+        """(Worker thread.) Decode ``job``'s prompt with the target alone; None if stopped. The
+        session's random generator is left alone, so later replies are as they would have been."""
+        session = self._require_session()
+        plan = session.plan_prompt(job.messages)
+        settings = replace(session.settings, max_tokens=job.tokens)
+        rng = np.random.default_rng(session.seed)
+        for event in session.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
+                                             job.cancel):
+            if isinstance(event, DoneEvent):
+                if job.cancel.is_set():
+                    return None
+                return ReplayStats(decode_tokens_per_s(event.stats), job.speculative_tps,
+                                   event.stats.tokens)
+        return None
+
+    def end_replay(self, job: ReplayJob, result: ReplayStats | None) -> None:
+        """The replay is over: keep its measurement with the reply's statistics."""
+        if self.replaying is job:
+            self.replaying = None
+        if result is None:
+            return
+        job.entry.meta["replay"] = result.to_json()
+        if self.history is not None and job.entry.message_id is not None:
+            self._write(self.history.set_turn_meta, job.entry.message_id, job.entry.meta)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop and save a reply being made, and close the models, unless a reply or a replay
+        still runs on them in a worker (the process is ending then: it frees them)."""
+        busy = self.busy
+        self.stop_and_save()
+        if not busy:
+            self.release()

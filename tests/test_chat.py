@@ -1,0 +1,100 @@
+"""The conversation layer (chatapp.chat) without a front end: fake backends, a real history."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from chatapp.chat import ChatActionError, Conversation
+from chatapp.config import Config
+from chatapp.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.history import HistoryStore
+from chatapp.turns import PlanEvent, Turn
+from tests.conftest import tui_fake_factory
+
+CONFIG = Config(draft_length="3", drafter="model", seed=0, temperature=0.9)
+
+
+@pytest.fixture
+def chat(tmp_path):
+    history = HistoryStore(tmp_path / "history.sqlite3")
+    conversation = Conversation(CONFIG, history)
+    conversation.attach(tui_fake_factory()(CONFIG, lambda *_: None))
+    yield conversation
+    conversation.close()
+    history.close()
+
+
+def run(chat: Conversation, turn: Turn) -> None:
+    """Stream ``turn`` the way a front end does, and finish it."""
+    pieces = []
+    for event in chat.stream(turn):
+        if isinstance(event, PlanEvent):
+            assert event.prompt_tokens > 0 and event.dropped_messages == 0
+        elif isinstance(event, TokenEvent):
+            pieces.append((event.text, event.source))
+        elif isinstance(event, StepEvent):
+            turn.add_step(pieces, event, chat.clock())
+            pieces = []
+        elif isinstance(event, DoneEvent):
+            turn.add_step(pieces, None, chat.clock())
+            chat.finish(turn, event.finish_reason.value, event.stats)
+
+
+def saved(chat: Conversation, chat_id: int | None = None) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in chat.history.messages(chat_id or chat.chat_id)]
+
+
+def test_a_turn_is_saved_with_its_stats_and_added_to_the_chat(chat):
+    turn = chat.begin("hello")
+    run(chat, turn)
+    assert chat.turn is None and [e.role for e in chat.entries] == ["user", "assistant"]
+    reply = chat.entries[1]
+    assert saved(chat) == [("user", "hello"), ("assistant", reply.content)] and reply.content
+    stored = chat.history.messages(chat.chat_id)[1]
+    assert stored.stats == reply.stats and stored.meta["k"] == reply.k_label == "3"
+
+
+def test_a_regeneration_that_fails_before_a_token_keeps_the_old_reply(chat):
+    run(chat, chat.begin("hello"))
+    before = saved(chat)
+    old = chat.entries[-1]
+    turn = chat.regenerate()
+    assert chat.entries[-1].role == "user"  # the old reply is out of the prompt
+    assert chat.fail(turn) is None
+    assert chat.entries[-1] is old and saved(chat) == before
+
+
+def test_a_failed_first_message_is_rolled_back_with_its_empty_chat(chat):
+    turn = chat.begin("hello")
+    chat_id = chat.chat_id
+    assert chat.fail(turn) is None
+    assert chat.entries == [] and chat.chat_id is None
+    assert chat.history.get_chat(chat_id) is None
+
+
+def test_one_turn_at_a_time(chat):
+    chat.begin("hello")
+    with pytest.raises(ChatActionError, match="still streaming"):
+        chat.begin("again")
+    with pytest.raises(ChatActionError, match="still streaming"):
+        chat.regenerate()
+
+
+def test_editing_keeps_the_chat_as_it_was_as_its_own_chat(chat):
+    run(chat, chat.begin("one"))
+    run(chat, chat.begin("two"))
+    before = saved(chat)
+    turn, backup = chat.edit(chat.entries[2], "two, again")
+    run(chat, turn)
+    assert backup == "one (before edit)"
+    assert saved(chat)[:3] == before[:2] + [("user", "two, again")] and len(saved(chat)) == 4
+    kept = next(c for c in chat.history.list_chats() if c.title == backup)
+    assert saved(chat, kept.id) == before
+
+
+def test_reconfigure_says_when_the_models_must_load_again(chat):
+    assert not chat.reconfigure(dataclasses.replace(CONFIG, temperature=0.2, seed=7))
+    assert chat.session.settings.sampling.temperature == 0.2 and chat.session.seed == 7
+    assert chat.reconfigure(dataclasses.replace(CONFIG, n_ctx=1024))

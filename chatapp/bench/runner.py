@@ -13,13 +13,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from chatapp.backends.base import Backend, ChatMessage
-from chatapp.backends.rpc import rpc_label
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, generation_speed, make_row
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy
 from chatapp.drafting import Drafter
+from chatapp.endpoints import rpc_label
 from chatapp.engine import GenerationSettings, SpeculativeEngine
 from chatapp.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy

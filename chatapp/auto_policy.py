@@ -35,6 +35,8 @@ SWITCH_MARGIN = 0.03  # leaving plain decoding needs an expected gain of 3%
 OPTIMISTIC_ACCEPTANCE = 0.9  # the acceptance a probe is sized for
 STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without drafting ages
 PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
+SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
+THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
 
 
 class AutoDraftLength:
@@ -48,13 +50,18 @@ class AutoDraftLength:
       ``prior_acceptance``) with ``prior_weight`` pseudo-observations;
     - the draft cost per token: the median of the recent ``draft_s / k`` (robust to the catch-up a
       model drafter does after steps without drafting, and to a busy machine);
-    - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n, shrunk towards
-      a curve ``a + b ln(n)`` fitted to all of them (``VerifyCostModel``), non-decreasing in n.
+    - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n as measured,
+      with no form imposed (4 tokens may cost less than 3); an n never measured is extrapolated on
+      the cheap side, so that it is tried once and then known (``VerifyCostModel``);
+    - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
-    It drafts the K in 0..max_k maximising E[tokens | K] / (K c_draft + verify(K + 1)) with
+    It drafts the K in 0..max_k maximising E[tokens | K] - R x (K c_draft + verify(K + 1)), R the
+    throughput achieved (kept between the plain rate and this source's best rate; see
+    ``_best_k``), with
     E[tokens | K] = 1 + sum_j prod_{i<=j} a_i (autocorrelated acceptance is in the per-position
     rates, not assumed away). K = 0 is plain decoding; leaving it needs an expected gain of
-    ``switch_margin``. From K = 0 it probes at the K that would be best if acceptance were
+    ``switch_margin``, and the catch-up of a drafter that sat idle repaid within
+    ``SWITCH_HORIZON`` steps. From K = 0 it probes at the K that would be best if acceptance were
     ``optimistic_acceptance`` (at most ``explore_k``), every ``probe_every`` steps or more: as
     many as keep the expected loss of probing (the time a probe takes minus the plain time of the
     tokens it is expected to yield, plus the catch-up a draft model does for every token it missed
@@ -63,10 +70,11 @@ class AutoDraftLength:
     plain decoding (a draft model too slow next to the target: the probes then only check that the
     costs it was judged on still hold). When the catch-up alone exceeds the budget (a 0.5B draft
     model on a CPU catches up at a quarter of a decode step per token), it does not probe. What was
-    learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that goes well counts. When no plain step was timed for
-    ``plain_every`` steps it takes one: the one-token verification is the baseline every choice
-    is weighed against. The first ``explore_steps`` drafting steps use ``explore_k``, to measure
-    the drafter. The object is meant to live across turns.
+    learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that
+    goes well counts. When no plain step was timed for ``plain_every`` steps it takes one: the
+    one-token verification is the baseline every choice is weighed against. The first
+    ``explore_steps`` drafting steps use ``explore_k``, to measure the drafter. The object is
+    meant to live across turns.
 
     Acceptance and draft cost are kept per source (the ``source`` of each ``StepOutcome``; the
     budget gives each source its own K; verification cost is shared). A drafter that can tell,
@@ -98,6 +106,8 @@ class AutoDraftLength:
         self._lock = threading.RLock()
         self._arms: dict[str, _Arm] = {}
         self._step = 0
+        self._tokens = 0.0  # tokens emitted and seconds spent, forgetting by THROUGHPUT_FORGET
+        self._seconds = 0.0
         self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
         self._shown_k = self.explore_k
 
@@ -130,13 +140,16 @@ class AutoDraftLength:
                 self._observe_shadow(score)
             k = outcome.drafted
             self._step += 1
+            forget = THROUGHPUT_FORGET
+            self._tokens = forget * self._tokens + outcome.accepted + 1
+            self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
             self._verify.observe(k + 1, outcome.verify_s)
             if k == 0:
                 self._last_plain = self._step
             else:
                 arm = self._arm(outcome.source or MODEL_SOURCE)
                 arm.observe_draft(k, outcome.accepted, outcome.draft_s, self.forget, self._step,
-                                  self.stale_forget)
+                                  self.stale_forget, self.catchup_prior)
             for arm in self._arms.values():
                 self._decide(arm)
 
@@ -234,30 +247,62 @@ class AutoDraftLength:
         return arm.acceptance(self.max_k, self.prior_acceptance, self.prior_weight)
 
     def _rates(self, arm: "_Arm", acceptance: list[float]) -> list[float]:
+        """Expected tokens per second of a step at K = 0..max_k (empty before any timing)."""
+        outlook = self._outlook(arm, acceptance)
+        return [tokens / seconds for tokens, seconds in zip(*outlook)]
+
+    def _outlook(self, arm: "_Arm", acceptance: list[float]) -> tuple[list[float], list[float]]:
+        """Expected tokens and seconds of a step at K = 0..max_k (empty before any timing)."""
         verify = [self._verify.predict(n) for n in range(1, self.max_k + 2)]
         if verify[0] is None:
-            return []
+            return [], []
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
             draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]
-        rates, expected, survive = [], 1.0, 1.0
-        for k in range(self.max_k + 1):
-            if k:
-                survive *= acceptance[k - 1]
-                expected += survive
-            rates.append(expected / max(k * draft + verify[k], 1e-9))
-        return rates
+        tokens = [1.0, *(1.0 + sum(_prefix_products(acceptance[:k]))
+                         for k in range(1, self.max_k + 1))]
+        seconds = [max(k * draft + verify[k], 1e-9) for k in range(self.max_k + 1)]
+        return tokens, seconds
+
+    def _best_k(self, arm: "_Arm", acceptance: list[float]) -> tuple[int, list[float]]:
+        """The K in 0..max_k to draft, and the rates of ``_rates``.
+
+        Each K is worth the tokens it yields less what its time would yield at the throughput
+        achieved (``E_K - R T_K``, Dinkelbach's criterion): a source drafts only where it has a
+        proposal, so a longer draft that covers more text at the source's good rate can beat the
+        K with the best rate of its own. With one source, R converges to that source's best rate
+        and the criterion to the best E_K / T_K. R is kept between the rate of plain decoding
+        (always within reach; slow exploring steps must not make drafting look cheap) and the best
+        rate of this source's steps (a lucky run must not make every draft look too slow), so a K
+        is never shorter than the one with the best rate. Leaving K = 0 needs ``switch_margin`` x
+        the plain tokens of the drafting step's time more, and a drafter that must first catch up
+        on the steps it sat idle (``SWITCH_HORIZON`` at most) must repay that within
+        ``SWITCH_HORIZON`` steps."""
+        tokens, seconds = self._outlook(arm, acceptance)
+        rates = [t / s for t, s in zip(tokens, seconds)]
+        measured = self._throughput()
+        throughput = max(rates) if measured is None else min(max(measured, rates[0]), max(rates))
+        values = [t - throughput * s for t, s in zip(tokens, seconds)]
+        best = max(range(1, self.max_k + 1), key=values.__getitem__)
+        needed = 0.0
+        if arm.k == 0:
+            # a drafter catches up on the current context only: at most a horizon's worth
+            idle = min(self._step - arm.last_drafted, SWITCH_HORIZON)
+            catchup = arm.catchup_per_step(self.catchup_prior) * idle / SWITCH_HORIZON
+            needed = (self.switch_margin * seconds[best] + catchup) * rates[0]
+        return (best if values[best] - values[0] > needed else 0), rates
+
+    def _throughput(self) -> float | None:
+        """Tokens per second achieved over the recent steps (None before any timing)."""
+        return self._tokens / self._seconds if self._seconds > 0.0 else None
 
     def _decide(self, arm: "_Arm") -> None:
         if self._exploring(arm) or self.max_k == 0:
             return
         acceptance = self._acceptance(arm)
-        rates = self._rates(arm, acceptance)
-        if not rates:
+        if self._verify.predict(1) is None:
             return
-        best = max(range(1, self.max_k + 1), key=rates.__getitem__)
-        needed = rates[0] * (1 + self.switch_margin) if arm.k == 0 else rates[0]
-        k = best if rates[best] > needed else 0
+        k, rates = self._best_k(arm, acceptance)
         if k == 0:
             hopeful = self._rates(arm, [max(a, self.optimistic_acceptance) for a in acceptance])
             probe = max(range(1, self.max_k + 1), key=hopeful.__getitem__)
@@ -330,7 +375,13 @@ class _Arm:
         self.drafted_steps = explore_steps if int(data["drafted_steps"]) > 0 else 0
 
     def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
-                      step: int, stale_forget: float) -> None:
+                      step: int, stale_forget: float, catchup_prior: float) -> None:
+        """A step where this source drafted ``k`` tokens, ``accepted`` of them accepted.
+
+        After steps without drafting, the time beyond ``k`` typical tokens is the catch-up (per
+        idle step, averaged with what was known, ``catchup_prior`` x the per-token cost before
+        any: one step that happened to catch up cheaply must not open the way to probes that
+        catch up dearly); such a step's per-token cost is not typical and is not kept."""
         self.drafted_steps += 1
         if not self.shadowed:  # what was learnt before a stretch without drafting has aged
             decay = stale_forget ** max(step - self.last_drafted - 1, 0)
@@ -339,21 +390,28 @@ class _Arm:
         per_token = max(draft_s, 0.0) / k
         typical = self.draft_cost()
         gap = step - self.last_drafted - 1
-        if typical is not None and gap > 0 and self.last_drafted > 0:
+        self.last_drafted = step
+        if typical is not None and gap > 0:
             # A model drafter that sat idle first feeds what it missed: that excess, per step.
             excess = max(0.0, draft_s - k * typical) / gap
-            self.catchup = excess if self.catchup is None else 0.5 * self.catchup + 0.5 * excess
-        self.last_drafted = step
-        self.costs.append(per_token)
+            known = catchup_prior * typical if self.catchup is None else self.catchup
+            self.catchup = 0.5 * known + 0.5 * excess
+        else:
+            self.costs.append(per_token)
         if not self.shadowed:
             self.count_acceptance(k, accepted, forget)
 
     def count_acceptance(self, k: int, accepted: int, forget: float) -> None:
+        """Count a proposal of ``k`` tokens of which the first ``accepted`` passed. Position i is
+        verified when all before it passed; the positions after the first rejection were
+        proposed but not verified: their counts only age, so that what they say relaxes towards
+        the positions before them (acceptance at 1 fell: the old rates at 2, 3, ... are stale)."""
         while len(self.verified) < k:
             self.verified.append(0.0)
             self.accepted.append(0.0)
-        for i in range(min(k, accepted + 1)):  # position i is verified when all before it passed
-            self.verified[i] = forget * self.verified[i] + 1.0
+        for i in range(k):
+            verified = i <= accepted
+            self.verified[i] = forget * self.verified[i] + verified
             self.accepted[i] = forget * self.accepted[i] + (i < accepted)
 
     def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:

@@ -1,4 +1,4 @@
-"""What verifying n tokens costs on this machine, learnt from the target's timings."""
+"""What verifying n tokens costs on this machine, learnt per n from the target's timings."""
 
 from __future__ import annotations
 
@@ -7,86 +7,127 @@ from typing import Any
 
 from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 
+ESTABLISHED = 3.0  # observations after which an n's own mean is the yardstick for outliers
+AGE = 0.995  # per timing of another n, an n's weight ages (first calls are slow: see STALE)
+STALE = 0.25  # an n whose weight aged below this is extrapolated again, and so tried again: a
+# cost measured dear once (the first exploring steps, a busy moment) is not believed for good
+
 
 class VerifyCostModel:
-    """Seconds to verify n tokens, n = 1..max_n, learnt from timings.
+    """Seconds to verify n tokens, n = 1..max_n, learnt per n as measured.
 
-    Per n, a mean with exponential forgetting (a timing above ``outlier`` x the current mean is
-    clipped once the mean is established: a busy machine must not swing it). ``predict`` shrinks
-    each mean towards the curve ``a + b ln(n)`` fitted to all of them, with a ridge pulling b
-    towards ``slope_prior`` x the one-token cost, so that one observed n already extrapolates; the
-    result is made non-decreasing in n. Why ln(n): a batch costs less per token as it grows (on the
-    2-core CPU of MODELS.md, 46 / 121 / 144 ms for 1 / 4 / 6 tokens is 46 + 55 ln(n) within 5%),
-    and a GPU is flat (b near 0); erring on the cheap side for an n never tried makes the policy
-    try it and learn, erring on the dear side would never be corrected.
+    Per n, a mean with exponential forgetting. No functional form is imposed on measured n: the
+    cost need not grow with n (on the 2-core Xeon of issue 12 a 4-token batch costs 86 ms, a
+    3-token one 101), so a measured n is predicted by its own mean. An n never measured is
+    predicted on the cheap side, so that the policy tries it and learns, where erring on the dear
+    side would never be corrected:
+
+    - between two measured n, linearly interpolated (below the true cost where the cost is
+      concave or linear in n, as on a GPU or a CPU);
+    - outside the measured range, by the curve ``a + b ln(n)`` fitted to the measured means (a
+      batch costs less per token as it grows: below a linear or convex cost), with a ridge
+      pulling b towards ``slope_prior`` x the one-token cost so that one measured n already
+      extrapolates.
+
+    One slow step (a busy machine) does not swing a mean: a timing above ``outlier`` x the
+    prediction is clipped, once the n has ``ESTABLISHED`` observations, or for an n not yet
+    established, once other n are. An n not timed for long (its weight aged by ``AGE`` per
+    timing of another n, below ``STALE``) counts as never measured, so that a cost that was
+    measured dear is tried again now and then rather than believed for good.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
-                 shrink_weight: float = 2.0, ridge: float = 2.0, outlier: float = 2.0) -> None:
+                 ridge: float = 0.5, outlier: float = 1.5) -> None:
         self.max_n = max_n
         self.forget = forget
         self.slope_prior = slope_prior
-        self.shrink_weight = shrink_weight
         self.ridge = ridge
         self.outlier = outlier
         self._mean = [0.0] * (max_n + 1)
         self._weight = [0.0] * (max_n + 1)
-        self._fitted: list[float] | None = None
+        self._predicted: list[float] | None = None
 
     def learnt(self) -> dict[str, list[float]]:
+        """The per-n means and their weights (index 0 unused), plain JSON data."""
         return {"mean": list(self._mean), "weight": list(self._weight)}
 
     def resume(self, data: dict[str, Any]) -> None:
-        """Take ``learnt()`` data of an earlier run, each weight capped at ``RESUME_WEIGHT``."""
+        """Take ``learnt()`` data of an earlier run, each weight capped at ``RESUME_WEIGHT``;
+        ``ValueError`` for data of another shape or with negative or non-finite values."""
         mean, weight = non_negative_floats(data["mean"]), non_negative_floats(data["weight"])
         if len(mean) != self.max_n + 1 or len(weight) != self.max_n + 1:
             raise ValueError("verification costs for another max_k")
         self._mean = mean
         self._weight = [min(w, RESUME_WEIGHT) for w in weight]
-        self._fitted = None
+        self._predicted = None
 
     def observe(self, n: int, seconds: float) -> None:
+        """One timing of verifying ``n`` tokens (ignored outside 1..max_n or not >= 0)."""
         if not 1 <= n <= self.max_n or not seconds >= 0.0:
             return
         mean, weight = self._mean[n], self._weight[n]
-        if weight >= 3.0:
-            seconds = min(seconds, self.outlier * mean)
+        others = sum(self._weight) - weight
+        if weight >= ESTABLISHED or others >= ESTABLISHED:
+            seconds = min(seconds, self.outlier * self._reference(n))
         weight = self.forget * weight + 1.0
         self._mean[n] = mean + (seconds - mean) / weight
+        self._weight = [w * AGE for w in self._weight]
         self._weight[n] = weight
-        self._fitted = None
+        self._predicted = None
 
     def predict(self, n: int) -> float | None:
-        if self._fitted is None:
-            self._fitted = self._fit()
-        if not self._fitted:
+        """Seconds to verify ``n`` tokens (clamped to 1..max_n); None before any timing."""
+        if self._predicted is None:
+            self._predicted = self._predictions()
+        if not self._predicted:
             return None
-        return self._fitted[min(max(n, 1), self.max_n) - 1]
+        return self._predicted[min(max(n, 1), self.max_n) - 1]
 
-    def _fit(self) -> list[float]:
-        points = [(math.log(n), self._mean[n], self._weight[n]) for n in range(1, self.max_n + 1)
-                  if self._weight[n] > 0.0]
-        if not points:
+    def measured(self, n: int) -> bool:
+        """Whether ``n`` tokens were timed, recently enough (else ``predict`` extrapolates)."""
+        return 1 <= n <= self.max_n and self._weight[n] >= STALE
+
+    def _reference(self, n: int) -> float:
+        """What a timing of ``n`` is judged against: its established mean, else the prediction."""
+        if self._weight[n] >= ESTABLISHED:
+            return self._mean[n]
+        predicted = self.predict(n)
+        return self._mean[n] if predicted is None else predicted
+
+    def _predictions(self) -> list[float]:
+        """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""
+        measured = [n for n in range(1, self.max_n + 1) if self.measured(n)]
+        if not measured:
             return []
+        a, b = self._curve(measured)
+        out = []
+        for n in range(1, self.max_n + 1):
+            below = max((m for m in measured if m <= n), default=None)
+            above = min((m for m in measured if m >= n), default=None)
+            if below is not None and above is not None:
+                out.append(self._interpolated(n, below, above))
+            else:
+                out.append(max(a + b * math.log(n), 1e-9))
+        return out
+
+    def _interpolated(self, n: int, below: int, above: int) -> float:
+        """The mean at n, linear between the measured ``below`` <= n <= ``above``."""
+        if below == above:
+            return self._mean[n]
+        t = (n - below) / (above - below)
+        return (1.0 - t) * self._mean[below] + t * self._mean[above]
+
+    def _curve(self, measured: list[int]) -> tuple[float, float]:
+        """a, b of ``a + b ln(n)`` fitted to the measured means by weighted least squares, plus
+        ``ridge`` (b - slope_prior x one-token cost)^2; b >= 0."""
+        points = [(math.log(n), self._mean[n], self._weight[n]) for n in measured]
         s = self.slope_prior
         total = sum(w for _, _, w in points)
         one = sum(w * v / (1.0 + s * x) for x, v, w in points) / total
-        prior_b = s * one
         sx = sum(w * x for x, _, w in points)
         sv = sum(w * v for _, v, w in points)
         sxx = sum(w * x * x for x, _, w in points)
         sxv = sum(w * x * v for x, v, w in points)
-        # minimise sum w (a + b x - v)^2 + ridge (b - prior_b)^2 (ridge in units of one-token
-        # cost, so it is scale-free); a follows from b.
-        ridge = self.ridge
-        b = (sxv - sx * sv / total + ridge * prior_b) / (sxx - sx * sx / total + ridge)
+        b = (sxv - sx * sv / total + self.ridge * s * one) / (sxx - sx * sx / total + self.ridge)
         b = max(b, 0.0)
-        a = (sv - b * sx) / total
-        out, floor = [], 0.0
-        for n in range(1, self.max_n + 1):
-            curve = max(a + b * math.log(n), 1e-9)
-            w = self._weight[n]
-            floor = max(floor, (w * self._mean[n] + self.shrink_weight * curve)
-                        / (w + self.shrink_weight))
-            out.append(floor)
-        return out
+        return (sv - b * sx) / total, b

@@ -300,14 +300,15 @@ def test_what_was_learnt_weighs_little_against_new_timings() -> None:
     # The drafts stopped matching (another kind of text): the resumed policy follows quickly,
     # faster than the run that measured it, which has 500 steps of evidence to unlearn.
     resumed_ks = simulate(resumed, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
-    assert resumed.current_k() <= 1 and max(resumed_ks[-15:]) <= 1
+    # At 5% acceptance a draft of 1 or 2 costs within 2% of plain decoding: "short" is K <= 2.
+    assert resumed.current_k() <= 2 and max(resumed_ks[-15:]) <= 2
     first_ks = simulate(first, 40, cheap, 0.002, lambda _: 0.05, np.random.default_rng(6))
     assert settled_at(resumed_ks) <= settled_at(first_ks)
 
 
 def settled_at(ks: list[int]) -> int:
-    """The first step from which every K is at most 1."""
-    return next(i for i in range(len(ks) + 1) if all(k <= 1 for k in ks[i:]))
+    """The first step from which every K is at most 2."""
+    return next(i for i in range(len(ks) + 1) if all(k <= 2 for k in ks[i:]))
 
 
 @pytest.mark.parametrize("damage", [
@@ -329,3 +330,52 @@ def test_damaged_learnt_data_is_refused_and_changes_nothing(damage) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         policy.resume(data)
     assert policy.learnt() == before
+
+
+# ms to evaluate n tokens on issue 12's 2-core Xeon (llama-bench ppN): 4 tokens cost less than 3
+SAWTOOTH = {1: .065, 2: .089, 3: .101, 4: .086, 5: .112, 6: .128, 8: .183}
+
+
+def test_verify_cost_keeps_what_each_measured_n_costs() -> None:
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        for n, seconds in SAWTOOTH.items():
+            model.observe(n, seconds)
+    for n, seconds in SAWTOOTH.items():
+        assert model.predict(n) == pytest.approx(seconds, rel=1e-6)
+    assert model.predict(4) < model.predict(3)
+
+
+def test_verify_cost_of_an_n_never_measured_errs_cheap() -> None:
+    # Linear in n (each fed token costs the same): between two measured n, linear; beyond, the
+    # a + b ln(n) curve through them, below the line: the policy tries such an n and learns.
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        model.observe(1, 0.046)
+        model.observe(4, 0.184)
+    assert model.predict(2) == pytest.approx(0.092, rel=1e-6)
+    assert 0.184 < model.predict(8) < 0.046 * 8
+    assert not model.measured(8)
+    model.observe(8, 0.368)
+    assert model.measured(8) and model.predict(8) == pytest.approx(0.368)
+
+
+def test_one_slow_first_timing_of_an_n_is_clipped() -> None:
+    model = VerifyCostModel(9)
+    for _ in range(5):
+        model.observe(1, 0.065)
+        model.observe(4, 0.086)
+    expected = model.predict(3)
+    model.observe(3, 0.400)  # the first timing of 3 tokens, on a busy machine
+    assert model.predict(3) <= 1.5 * expected
+
+
+def test_a_cost_measured_dear_long_ago_is_tried_again() -> None:
+    # Timed once, cold (a first call); then only plain steps for a long while: 4 tokens count as
+    # unmeasured again, predicted from what is known, so the policy tries them again.
+    model = VerifyCostModel(9)
+    model.observe(4, 0.300)
+    for _ in range(300):
+        model.observe(1, 0.065)
+    assert not model.measured(4)
+    assert model.predict(4) < 0.300 / 2

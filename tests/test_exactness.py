@@ -32,7 +32,7 @@ from tests.stat_tools import fits
 
 VOCAB = 6  # token 0 is the stop token, made unreachable so every reply has four tokens
 REPLY = 4
-SAMPLES = 6000
+SAMPLES = 4000
 PROMPT = [1, 2, 3, 1, 2]  # "1 2" repeats: the n-gram proposes "3 1 2"
 
 

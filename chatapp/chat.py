@@ -25,15 +25,14 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from chatapp.backends.base import ChatMessage
 from chatapp.config import Config
 from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import (MAX_DRAFT_LENGTH, DraftPolicy, FixedDraftLength,
-                                  SwitchablePolicy)
+from chatapp.draft_policy import DraftPolicy, FixedDraftLength, SwitchablePolicy
 from chatapp.engine import ContextOverflowError
 from chatapp.errors import UserFacingError
 from chatapp.events import DoneEvent
@@ -44,6 +43,9 @@ from chatapp.session import ChatSession, fallback_template_note
 from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.terminal_text import printable_line
 from chatapp.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+
+if TYPE_CHECKING:
+    from chatapp.suffix_drafter import SuffixSource
 
 # Fields whose change needs the models loaded again.
 RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
@@ -135,12 +137,10 @@ class Conversation:
         return k
 
     def set_draft_length(self, k: int) -> None:
-        inner = self.policy.inner
-        if isinstance(inner, FixedDraftLength):
-            inner.set(k)
-        else:
+        before = self.policy.inner
+        self.policy.set(k)
+        if self.policy.inner is not before:
             self._policy_changed()
-            self.policy.replace(FixedDraftLength(min(max(k, 0), MAX_DRAFT_LENGTH)))
 
     def set_auto_draft_length(self) -> None:
         self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
@@ -192,16 +192,19 @@ class Conversation:
             self.history.delete_chat(chat_id)
         self._index_forgets(chat_id)
 
+    @property
+    def _history_index(self) -> SuffixSource | None:
+        """The default drafter's index of the history, when the loaded models have one."""
+        return self.session.history_index if self.session is not None else None
+
     def _index_follows_chat(self) -> None:
         """Tell the default drafter's index of the history which chat the context is."""
-        index = self.session.history_index if self.session is not None else None
-        if index is not None:
-            index.open_chat(self.chat_id)
+        if self._history_index is not None:
+            self._history_index.open_chat(self.chat_id)
 
     def _index_forgets(self, chat_id: int) -> None:
-        index = self.session.history_index if self.session is not None else None
-        if index is not None:
-            index.remove_chat(chat_id)
+        if self._history_index is not None:
+            self._history_index.remove_chat(chat_id)
 
     @property
     def messages(self) -> list[ChatMessage]:

@@ -110,6 +110,15 @@ class SwitchablePolicy:
     def observe(self, outcome: StepOutcome) -> None:
         self.inner.observe(outcome)
 
+    def set(self, k: int) -> int:
+        """Draft ``k`` tokens (clamped to 0..MAX_DRAFT_LENGTH) from the next step: a fixed K is
+        set in place, any other policy is replaced by a fixed K. Returns the K now in force."""
+        with self._lock:
+            if isinstance(self._inner, FixedDraftLength):
+                return self._inner.set(k)
+            self._inner = FixedDraftLength(_clamped(k))
+            return self._inner.k
+
     def adjust(self, delta: int, current: int | None = None) -> int:
         """Raise or lower K by ``delta``; returns the K now in force.
 

@@ -200,7 +200,7 @@ class _Turn:
         empty = Proposal.empty(self.target.vocab_size)
         room = min(self.settings.max_tokens - self.emitted, self.target.n_ctx - len(self.tokens))
         if self.drafter is None or room <= 1:
-            return empty, self.last_k if self.drafter is not None else 0, 0.0
+            return empty, self.last_k, 0.0  # last_k stays 0 without a drafter
         budget = self.policy.budget()
         self.last_k = 0
         if not budget.asks_drafter:

@@ -135,14 +135,6 @@ class Drafter(Protocol):
         ...
 
 
-def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
-    """(len(tokens), vocab_size) float64, row i one-hot on tokens[i]."""
-    rows = np.zeros((len(tokens), vocab_size), dtype=np.float64)
-    if len(tokens):
-        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.intp)] = 1.0
-    return rows
-
-
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share (the whole-prefix case at C speed)."""
     n = min(len(a), len(b))

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.sampling import SamplingParams, probabilities, sample
+from chatapp.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
 
 MODEL_SOURCE = "model"  # the draft model's proposals
 
@@ -215,8 +215,13 @@ class ModelDrafter:
         rows: list[np.ndarray] = []
         sequence = list(context)
         for _ in range(k):
-            q = probabilities(evaluate_sequence(self.backend, sequence, 1)[0], params)
-            token = sample(q, rng)
+            logits = evaluate_sequence(self.backend, sequence, 1)
+            if params.greedy:  # probabilities' one-hot row, without sampling 152k entries
+                token = greedy_tokens(logits)[0]
+                q = one_hot(token, self.backend.vocab_size)
+            else:
+                q = probabilities(logits[0], params)
+                token = sample(q, rng)
             tokens.append(token)
             rows.append(q)
             sequence.append(token)

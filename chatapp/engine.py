@@ -29,8 +29,8 @@ from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence
 from chatapp.errors import UserFacingError
 from chatapp.events import (DoneEvent, Event, FinishReason, PromptEvent, StepEvent, TokenEvent,
                             TokenSource)
-from chatapp.sampling import SamplingParams, probabilities
-from chatapp.speculative import verify
+from chatapp.sampling import SamplingParams, greedy_tokens, probabilities
+from chatapp.speculative import verify, verify_greedy
 from chatapp.stats import StatsRecorder
 
 
@@ -215,6 +215,8 @@ class _Turn:
     def _verify(self, proposal: Proposal) -> tuple[int, int]:
         k = len(proposal.tokens)
         logits = evaluate_sequence(self.target, self.tokens + proposal.tokens, k + 1)
+        if self.settings.sampling.greedy:
+            return verify_greedy(proposal.tokens, greedy_tokens(logits))
         target_probs = probabilities(logits, self.settings.sampling)
         return verify(proposal.tokens, proposal.probs, target_probs, self.rng)
 

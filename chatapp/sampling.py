@@ -54,6 +54,13 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return out
 
 
+def greedy_tokens(logits: np.ndarray) -> list[int]:
+    """The token each row of ``logits`` ((n, V)) puts all its mass on at temperature 0: the
+    argmax, ties to the lowest id, exactly where ``probabilities`` puts its one-hot mass. The
+    greedy path uses it instead of building and sampling 152k-wide one-hot rows per token."""
+    return [int(i) for i in np.argmax(np.asarray(logits).reshape(-1, logits.shape[-1]), axis=1)]
+
+
 def one_hot(token: int, vocab_size: int) -> np.ndarray:
     """A distribution with all its mass on ``token``."""
     probs = np.zeros(vocab_size, dtype=np.float64)

@@ -41,6 +41,22 @@ def verify(
     return k, sample(target_probs[k], rng)
 
 
+def verify_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> tuple[int, int]:
+    """``verify`` at temperature 0, from the target's greedy tokens at the K + 1 positions
+    (``sampling.greedy_tokens``). There p_i is one-hot on t_i = target_tokens[i], so whatever
+    q_i is, x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)) = [x_i == t_i], the
+    residual of a rejection, max(0, p_i - q_i), has its mass on t_i alone, and the bonus token is
+    t_K. Same result as ``verify`` (which draws random numbers nothing then depends on), with no
+    rows of the vocabulary's width."""
+    k = len(draft_tokens)
+    if len(target_tokens) != k + 1:
+        raise ValueError(f"shape mismatch: {k} drafts, {len(target_tokens)} target tokens")
+    for i, token in enumerate(draft_tokens):
+        if token != target_tokens[i]:
+            return i, target_tokens[i]
+    return k, target_tokens[k]
+
+
 def _accepts(p_x: float, q_x: float, rng: np.random.Generator) -> bool:
     """Accept with probability min(1, p_x / q_x); a token the draft could not draw is rejected."""
     if q_x <= 0.0:

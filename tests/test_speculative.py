@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatapp.sampling import one_hot, sample
-from chatapp.speculative import verify
+from chatapp.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
+from chatapp.speculative import verify, verify_greedy
 from tests.stat_tools import fits
 
 V = 6
@@ -112,3 +112,31 @@ def test_the_check_detects_a_verifier_given_the_wrong_q() -> None:
 def test_shape_mismatch_is_refused() -> None:
     with pytest.raises(ValueError):
         verify([1, 2], np.zeros((2, V)), np.zeros((2, V)), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_verification_gives_what_verify_gives_at_temperature_zero(seed: int) -> None:
+    # Logits with ties (rounded to one decimal) and drafts that match the argmax for a while,
+    # from any q: verify on probabilities' one-hot rows and verify_greedy on the argmax tokens
+    # must agree on the accepted count and the next token.
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(0, 6))
+    logits = np.round(rng.normal(size=(k + 1, V)), 1).astype(np.float32)
+    target = greedy_tokens(logits)
+    cut = int(rng.integers(0, k + 1))
+    drafts = target[:cut] + [int(t) for t in rng.integers(0, V, size=k - cut)]
+    q_rows = rng.dirichlet(np.ones(V), size=k) if k else np.zeros((0, V))
+    for i, token in enumerate(drafts):
+        q_rows[i, token] += 0.1  # a draft has mass under the q it came from
+    q_rows = q_rows / q_rows.sum(axis=1, keepdims=True) if k else q_rows
+    p_rows = probabilities(logits, SamplingParams(temperature=0.0))
+    assert verify_greedy(drafts, target) == verify(drafts, q_rows, p_rows, rng)
+
+
+def test_greedy_tokens_are_where_probabilities_puts_the_mass_ties_to_the_lowest_id() -> None:
+    logits = np.array([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 0.0, 0.0]], dtype=np.float32)
+    assert greedy_tokens(logits) == [1, 0]
+    one_hot_rows = probabilities(logits, SamplingParams(temperature=0.0))
+    assert [int(np.flatnonzero(row)[0]) for row in one_hot_rows] == [1, 0]
+    with pytest.raises(ValueError):
+        verify_greedy([1, 2], [1, 2])  # K drafts need K + 1 target tokens

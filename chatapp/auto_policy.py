@@ -11,6 +11,7 @@ import math
 import statistics
 import threading
 from collections import deque
+from itertools import accumulate
 from typing import Any
 
 from chatapp.draft_policy import StepOutcome, checked_draft_length
@@ -18,7 +19,10 @@ from chatapp.drafting import MODEL_SOURCE, DraftBudget, ShadowScore
 from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 from chatapp.verify_cost import VerifyCostModel
 
-LEARNT_VERSION = 2  # the layout of AutoDraftLength.learnt() (2: sources named as drafters name them)
+LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
+FREE_MAX_K = 32  # the longest draft of a free source (a verbatim copy: the suffix index's longest
+# proposal). On the 2-core CPU of the README, verifying 16 tokens costs 5.8x one decode step and
+# 32 cost 9.7x (llama-bench ppN), so a run of edits or copied code pays well past 8 tokens.
 
 # Constants of the policy; nothing sets them at run time. The values are those the policy was
 # written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
@@ -55,7 +59,8 @@ class AutoDraftLength:
       the cheap side, so that it is tried once and then known (``VerifyCostModel``);
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
-    It drafts the K in 0..max_k maximising E[tokens | K] - R x (K c_draft + verify(K + 1)), R the
+    It drafts the K in 0..max_k (0..free_max_k for a source that scores itself for free: its
+    proposals cost nothing to make, so only verification limits their length) maximising E[tokens | K] - R x (K c_draft + verify(K + 1)), R the
     throughput achieved (kept between the plain rate and this source's best rate; see
     ``_best_k``), with
     E[tokens | K] = 1 + sum_j prod_{i<=j} a_i (autocorrelated acceptance is in the per-position
@@ -86,9 +91,10 @@ class AutoDraftLength:
     constants (``prior_acceptance`` is ``PRIOR_ACCEPTANCE``, ...).
     """
 
-    def __init__(self, max_k: int = 8, *, explore_steps: int = 3, explore_k: int = 3,
-                 catchup_prior: float = 0.25) -> None:
+    def __init__(self, max_k: int = 8, *, free_max_k: int = FREE_MAX_K, explore_steps: int = 3,
+                 explore_k: int = 3, catchup_prior: float = 0.25) -> None:
         self.max_k = checked_draft_length(max_k)
+        self.free_max_k = max(free_max_k, self.max_k) if self.max_k else 0
         self.catchup_prior = catchup_prior
         self.plain_every = PLAIN_EVERY
         self.stale_forget = STALE_FORGET
@@ -102,7 +108,7 @@ class AutoDraftLength:
         self.optimistic_acceptance = OPTIMISTIC_ACCEPTANCE
         self.explore_steps = explore_steps
         self.explore_k = min(explore_k, self.max_k)
-        self._verify = VerifyCostModel(self.max_k + 1, VERIFY_FORGET, VERIFY_SLOPE_PRIOR)
+        self._verify = VerifyCostModel(self.free_max_k + 1, VERIFY_FORGET, VERIFY_SLOPE_PRIOR)
         self._lock = threading.RLock()
         self._arms: dict[str, _Arm] = {}
         self._step = 0
@@ -167,7 +173,7 @@ class AutoDraftLength:
         """What this policy has measured (verification costs; per source: acceptance counts,
         draft costs, catch-up) as plain JSON data, for ``resume`` in a later run."""
         with self._lock:
-            return {"version": LEARNT_VERSION, "max_k": self.max_k,
+            return {"version": LEARNT_VERSION, "max_k": self.max_k, "free_max_k": self.free_max_k,
                     "verify": self._verify.learnt(),
                     "arms": {kind: arm.learnt() for kind, arm in self._arms.items()}}
 
@@ -176,9 +182,11 @@ class AutoDraftLength:
         of exploring: it counts as at most ``RESUME_WEIGHT`` observations of each quantity, so
         this run's own timings soon outweigh it. Raises ``ValueError`` (leaving the policy as
         it was) for data of another version or shape."""
-        if learnt.get("version") != LEARNT_VERSION or learnt.get("max_k") != self.max_k:
+        if (learnt.get("version") != LEARNT_VERSION or learnt.get("max_k") != self.max_k
+                or learnt.get("free_max_k") != self.free_max_k):
             raise ValueError("learnt data of another version or max_k")
-        verify = VerifyCostModel(self.max_k + 1, self._verify.forget, self._verify.slope_prior)
+        verify = VerifyCostModel(self.free_max_k + 1, self._verify.forget,
+                                 self._verify.slope_prior)
         verify.resume(learnt["verify"])
         arms = {}
         for kind, data in dict(learnt["arms"]).items():
@@ -195,7 +203,7 @@ class AutoDraftLength:
     # -- introspection (tests, the bench, a stats view) -------------------------------------------
 
     def acceptance(self, kind: str = MODEL_SOURCE) -> list[float]:
-        """Estimated acceptance at positions 1..max_k."""
+        """Estimated acceptance at positions 1..K, K the longest draft ``kind`` may make."""
         with self._lock:
             return self._acceptance(self._arm(kind))
 
@@ -205,7 +213,8 @@ class AutoDraftLength:
             return self._verify.predict(n)
 
     def expected_rates(self, kind: str = MODEL_SOURCE) -> list[float]:
-        """Expected tokens per second for K = 0..max_k (empty before any timing)."""
+        """Expected tokens per second for K = 0.. the longest draft of ``kind`` (empty before any
+        timing)."""
         with self._lock:
             arm = self._arm(kind)
             return self._rates(arm, self._acceptance(arm))
@@ -243,29 +252,39 @@ class AutoDraftLength:
         scores its proposals for free and the kind drafts again as soon as they match."""
         return self._chosen_k(arm) == 0 and arm.probe_k > 0 and arm.shadowed and arm.hopeful
 
+    def _longest(self, arm: "_Arm") -> int:
+        """The longest draft ``arm`` may make: ``free_max_k`` for a source that scores itself for
+        free (its one-hot proposals cost nothing to make, so only verification limits them),
+        ``max_k`` for a draft model."""
+        return self.free_max_k if arm.shadowed else self.max_k
+
     def _acceptance(self, arm: "_Arm") -> list[float]:
-        return arm.acceptance(self.max_k, self.prior_acceptance, self.prior_weight)
+        """Estimated acceptance at positions 1..``_longest(arm)``."""
+        return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight)
 
     def _rates(self, arm: "_Arm", acceptance: list[float]) -> list[float]:
-        """Expected tokens per second of a step at K = 0..max_k (empty before any timing)."""
+        """Expected tokens per second of a step at K = 0..len(acceptance) (empty before any
+        timing)."""
         outlook = self._outlook(arm, acceptance)
         return [tokens / seconds for tokens, seconds in zip(*outlook)]
 
     def _outlook(self, arm: "_Arm", acceptance: list[float]) -> tuple[list[float], list[float]]:
-        """Expected tokens and seconds of a step at K = 0..max_k (empty before any timing)."""
-        verify = [self._verify.predict(n) for n in range(1, self.max_k + 2)]
-        if verify[0] is None:
+        """Expected tokens and seconds of a step at K = 0..len(acceptance) (empty before any
+        timing)."""
+        longest = len(acceptance)
+        if self._verify.predict(1) is None:
             return [], []
+        verify = [self._verify.predict(n) for n in range(1, longest + 2)]
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
             draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]
-        tokens = [1.0, *(1.0 + sum(_prefix_products(acceptance[:k]))
-                         for k in range(1, self.max_k + 1))]
-        seconds = [max(k * draft + verify[k], 1e-9) for k in range(self.max_k + 1)]
+        tokens = [1.0 + expected for expected in accumulate(_prefix_products(acceptance),
+                                                             initial=0.0)]
+        seconds = [max(k * draft + verify[k], 1e-9) for k in range(longest + 1)]
         return tokens, seconds
 
     def _best_k(self, arm: "_Arm", acceptance: list[float]) -> tuple[int, list[float]]:
-        """The K in 0..max_k to draft, and the rates of ``_rates``.
+        """The K in 0..len(acceptance) to draft, and the rates of ``_rates``.
 
         Each K is worth the tokens it yields less what its time would yield at the throughput
         achieved (``E_K - R T_K``, Dinkelbach's criterion): a source drafts only where it has a
@@ -283,7 +302,7 @@ class AutoDraftLength:
         measured = self._throughput()
         throughput = max(rates) if measured is None else min(max(measured, rates[0]), max(rates))
         values = [t - throughput * s for t, s in zip(tokens, seconds)]
-        best = max(range(1, self.max_k + 1), key=values.__getitem__)
+        best = max(range(1, len(values)), key=values.__getitem__)
         needed = 0.0
         if arm.k == 0:
             # a drafter catches up on the current context only: at most a horizon's worth
@@ -305,7 +324,7 @@ class AutoDraftLength:
         k, rates = self._best_k(arm, acceptance)
         if k == 0:
             hopeful = self._rates(arm, [max(a, self.optimistic_acceptance) for a in acceptance])
-            probe = max(range(1, self.max_k + 1), key=hopeful.__getitem__)
+            probe = max(range(1, len(hopeful)), key=hopeful.__getitem__)
             # Hopeless: drafting could not pay even if it were mostly accepted. Probe anyway, but
             # seldom: the costs it was judged on may be stale.
             arm.hopeful = hopeful[probe] > rates[0] * (1 + self.switch_margin)

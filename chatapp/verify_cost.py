@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Any
 
 from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
@@ -88,11 +89,20 @@ class VerifyCostModel:
         return 1 <= n <= self.max_n and self._weight[n] >= STALE
 
     def _reference(self, n: int) -> float:
-        """What a timing of ``n`` is judged against: its established mean, else the prediction."""
+        """What a timing of ``n`` is judged against: its established mean, else the prediction;
+        above the largest measured n, at least that n's cost plus one token's for each token
+        more. The prediction there errs on the cheap side on purpose; clipping a first timing to
+        it would keep a dear n looking cheap for many timings, while a token added to a batch
+        costs at most about what it costs alone."""
         if self._weight[n] >= ESTABLISHED:
             return self._mean[n]
         predicted = self.predict(n)
-        return self._mean[n] if predicted is None else predicted
+        if predicted is None:
+            return self._mean[n]
+        largest = max(m for m in range(1, self.max_n + 1) if self.measured(m))
+        if n <= largest:
+            return predicted
+        return max(predicted, self._mean[largest] + (n - largest) * (self.predict(1) or 0.0))
 
     def _predictions(self) -> list[float]:
         """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""
@@ -102,10 +112,10 @@ class VerifyCostModel:
         a, b = self._curve(measured)
         out = []
         for n in range(1, self.max_n + 1):
-            below = max((m for m in measured if m <= n), default=None)
-            above = min((m for m in measured if m >= n), default=None)
-            if below is not None and above is not None:
-                out.append(self._interpolated(n, below, above))
+            at = bisect_left(measured, n)  # measured[at] is the first measured n' >= n
+            if at < len(measured) and (measured[at] == n or at > 0):
+                below = n if measured[at] == n else measured[at - 1]
+                out.append(self._interpolated(n, below, measured[at]))
             else:
                 out.append(max(a + b * math.log(n), 1e-9))
         return out

@@ -60,9 +60,9 @@ class AutoDraftLength:
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
     It drafts the K in 0..max_k (0..free_max_k for a source that scores itself for free: its
-    proposals cost nothing to make, so only verification limits their length) maximising E[tokens | K] - R x (K c_draft + verify(K + 1)), R the
-    throughput achieved (kept between the plain rate and this source's best rate; see
-    ``_best_k``), with
+    proposals cost nothing to make, so only verification limits their length) maximising
+    E[tokens | K] - R x (K c_draft + verify(K + 1)), R the throughput achieved (kept between the
+    plain rate and this source's best rate; see ``_best_k``), with
     E[tokens | K] = 1 + sum_j prod_{i<=j} a_i (autocorrelated acceptance is in the per-position
     rates, not assumed away). K = 0 is plain decoding; leaving it needs an expected gain of
     ``switch_margin``, and the catch-up of a drafter that sat idle repaid within

@@ -20,16 +20,18 @@ from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 from chatapp.verify_cost import VerifyCostModel
 
 LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
-FREE_MAX_K = 32  # the longest draft of a free source (a verbatim copy: the suffix index's longest
-# proposal). On the 2-core CPU of the README, verifying 16 tokens costs 5.8x one decode step and
-# 32 cost 9.7x (llama-bench ppN), so a run of edits or copied code pays well past 8 tokens.
+FREE_MAX_K = 16  # the longest draft of a free source, as long as its shadow look-ahead. On the
+# 2-core CPU of the README a run of edits or copied code pays well past 8 tokens (verifying 17
+# tokens costs about 9 decode steps there, 33 about 14, each verified position paying for the
+# 152k-wide output layer); 24 and 32 were measured no better on the code-edit prompts, 8 worse.
 
 # Constants of the policy; nothing sets them at run time. The values are those the policy was
 # written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
 # CPU costs, a flat GPU-like profile) and the bench on the default pair.
 PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
-FORGET = 0.9  # per-observation forgetting of acceptance counts (about the last 10 steps count)
+FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
+# 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts)
 VERIFY_FORGET = 0.95  # per-observation forgetting of verification timings (about the last 20)
 VERIFY_SLOPE_PRIOR = 0.8  # cost of n tokens ~ one-token cost x (1 + 0.8 ln n) until measured
 DRAFT_COST_PRIOR = 0.6  # a draft token costs this x a one-token verification until timed

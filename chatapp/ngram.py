@@ -154,7 +154,7 @@ class NgramDrafter:
     look-ahead (``lookahead`` tokens for the lookup, ``edit_lookahead`` for the edits,
     ``suffix_lookahead`` for the suffix index)."""
 
-    def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 8,
+    def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 16,
                  kind: str = NGRAM_KIND, kind_by_context: bool = True, edits: bool = True,
                  edit_lookahead: int = 16, suffix: SuffixSource | None = None,
                  suffix_lookahead: int = 16) -> None:

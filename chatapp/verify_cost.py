@@ -89,20 +89,22 @@ class VerifyCostModel:
         return 1 <= n <= self.max_n and self._weight[n] >= STALE
 
     def _reference(self, n: int) -> float:
-        """What a timing of ``n`` is judged against: its established mean, else the prediction;
-        above the largest measured n, at least that n's cost plus one token's for each token
-        more. The prediction there errs on the cheap side on purpose; clipping a first timing to
-        it would keep a dear n looking cheap for many timings, while a token added to a batch
-        costs at most about what it costs alone."""
+        """What a timing of ``n`` is judged against: its established mean; else, between two
+        measured n, the interpolated prediction; outside them, a bound that is never cheap: below
+        the smallest measured n its cost, above the largest its cost plus, per token more, the
+        smallest's cost per token. (The cheap extrapolation there is meant to get an n tried;
+        clipping its first timings to it would keep a dear n, or one token, looking cheap.)"""
         if self._weight[n] >= ESTABLISHED:
             return self._mean[n]
-        predicted = self.predict(n)
-        if predicted is None:
+        measured = [m for m in range(1, self.max_n + 1) if self.measured(m)]
+        if not measured:
             return self._mean[n]
-        largest = max(m for m in range(1, self.max_n + 1) if self.measured(m))
-        if n <= largest:
-            return predicted
-        return max(predicted, self._mean[largest] + (n - largest) * (self.predict(1) or 0.0))
+        smallest, largest = measured[0], measured[-1]
+        if n < smallest:
+            return self._mean[smallest]
+        if n > largest:
+            return self._mean[largest] + (n - largest) * self._mean[smallest] / smallest
+        return self.predict(n) or self._mean[n]
 
     def _predictions(self) -> list[float]:
         """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""

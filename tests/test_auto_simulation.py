@@ -14,25 +14,25 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from chatapp.auto_policy import AutoDraftLength
+from chatapp.auto_policy import FREE_MAX_K, AutoDraftLength
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
 from chatapp.drafting import MODEL_SOURCE, DraftBudget, ShadowScore
 
 NGRAM = "ngram"
 TOKENS = 1500  # output tokens per run: a few long replies
-LOOKAHEAD = 8  # tokens a shadow n-gram proposal holds
-LONGEST = 32  # the longest draft of any policy here (AutoDraftLength's free_max_k)
+LOOKAHEAD = 16  # tokens a shadow n-gram proposal holds (NgramDrafter's lookahead)
+PADDING = 64  # positions past TOKENS a text holds: the last draft and its shadow proposal
 NOISE = 0.05  # timings vary by up to about this fraction
 BUSY = 0.01, 4.0  # and now and then (this fraction of the timings) the machine is busy: x 4
 MODEL_KS = range(9)  # the draft model's K in hindsight (AutoDraftLength's max_k)
-NGRAM_KS = (*range(9), 12, 16, 24, 32)  # the free source's K in hindsight (up to its free_max_k)
+NGRAM_KS = (*range(9), 12, 16)  # the free source's K in hindsight (up to FREE_MAX_K)
 
 # The issue-12 machine: ms to evaluate n tokens on the 1.5B target (llama-bench ppN), measured at
 # n = 1, 2, 3, 4, 5, 6, 8; 7 interpolated, 9 and beyond extrapolated at 27 ms a token, except the
 # cheap batch of 16 seen on the README's CPU (5.8 times one token). The 0.5B draft decodes at 35
 # ms a token.
 SAWTOOTH_MS = {1: 65, 2: 89, 3: 101, 4: 86, 5: 112, 6: 128, 7: 155, 8: 183,
-               **{n: 183 + 27 * (n - 8) for n in range(9, 34)}, 16: 5.8 * 65}
+               **{n: 183 + 27 * (n - 8) for n in range(9, FREE_MAX_K + 2)}, 16: 5.8 * 65}
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def iid_text(rate: float, seed: int) -> Text:
     """Acceptance ``rate`` for both sources, independently per position; a lookup match at 30%
     of positions."""
     rng = np.random.default_rng(seed)
-    size = TOKENS + LONGEST + 2
+    size = TOKENS + PADDING
     return Text(rng.random(size) < 0.3, rng.random(size) < rate, rng.random(size) < rate)
 
 
@@ -82,7 +82,7 @@ def bursty_text(seed: int, stay: float = 0.95) -> Text:
     model 90%) and "writing" (a lookup match at 30% of positions, 10% right; the model 50%); each
     state persists with probability ``stay`` per position (runs of about 20 tokens)."""
     rng = np.random.default_rng(seed)
-    size = TOKENS + LONGEST + 2
+    size = TOKENS + PADDING
     copying = np.empty(size, dtype=bool)
     state = False
     for i in range(size):
@@ -93,13 +93,15 @@ def bursty_text(seed: int, stay: float = 0.95) -> Text:
                 u[2] < np.where(copying, 0.9, 0.5))
 
 
-TEXTS = {
-    "iid-0.3": lambda: iid_text(0.3, 11),
-    "iid-0.6": lambda: iid_text(0.6, 12),
-    "iid-0.9": lambda: iid_text(0.9, 13),
-    "bursty": lambda: bursty_text(14),
-    "model-0.8": lambda: model_only_text(0.8, 15),
+TEXTS: dict[str, Callable[[int], Text]] = {  # each a text per seed
+    "iid-0.3": lambda seed: iid_text(0.3, 11 + 100 * seed),
+    "iid-0.6": lambda seed: iid_text(0.6, 12 + 100 * seed),
+    "iid-0.9": lambda seed: iid_text(0.9, 13 + 100 * seed),
+    "bursty": lambda seed: bursty_text(14 + 100 * seed),
+    "model-0.8": lambda seed: model_only_text(0.8, 15 + 100 * seed),
 }
+SEEDS = 3  # texts per case: the best fixed choice in hindsight is the best of 99, so on a single
+# text it is also the luckiest (where its drafts happen to fall); over three texts luck evens out
 
 
 def run_of(ok: np.ndarray, start: int, most: int) -> int:
@@ -184,11 +186,19 @@ class FixedPerSource(FixedDraftLength):
         return DraftBudget({NGRAM: self.ngram_k, MODEL_SOURCE: self.k}, 0)
 
 
-def throughputs(machine: Machine, text: Text) -> tuple[float, dict[tuple[int, int], float]]:
-    """Tokens per simulated second of auto and of each fixed (n-gram K, model K), on the same
-    text and seeds."""
-    auto = Decoder(AutoDraftLength(), machine, text, seed=1).throughput()
-    fixed = {(kn, km): Decoder(FixedPerSource(kn, km), machine, text, seed=1).throughput()
+def throughputs(machine: Machine, text_of: Callable[[int], Text]
+                ) -> tuple[float, dict[tuple[int, int], float]]:
+    """Tokens per simulated second of auto and of each fixed (n-gram K, model K) over ``SEEDS``
+    texts, every policy on the same texts and seeds."""
+    texts = [text_of(seed) for seed in range(SEEDS)]
+
+    def rate(make: Callable[[], DraftPolicy]) -> float:
+        seconds = sum(TOKENS / Decoder(make(), machine, text, seed=1).throughput()
+                      for text in texts)
+        return SEEDS * TOKENS / seconds
+
+    auto = rate(AutoDraftLength)
+    fixed = {(kn, km): rate(lambda: FixedPerSource(kn, km))
              for kn in NGRAM_KS for km in MODEL_KS}
     return auto, fixed
 
@@ -196,7 +206,7 @@ def throughputs(machine: Machine, text: Text) -> tuple[float, dict[tuple[int, in
 @pytest.mark.parametrize("text_name", TEXTS)
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)
 def test_auto_reaches_95_percent_of_the_best_fixed_k(machine: Machine, text_name: str) -> None:
-    auto, fixed = throughputs(machine, TEXTS[text_name]())
+    auto, fixed = throughputs(machine, TEXTS[text_name])
     best = max(fixed, key=fixed.__getitem__)
     assert auto >= 0.95 * fixed[best], (auto, best, fixed[best])
 
@@ -205,5 +215,5 @@ def test_finds_the_cheap_four_token_batch_of_the_sawtooth() -> None:
     # The lookup 60% right: on the sawtooth verifying 4 tokens costs less than 3, so its K = 3 is
     # the win (2.18 tokens in 86 ms, against 1.96 in 101 at K = 2 and 2.31 in 112 at K = 4).
     policy = AutoDraftLength()
-    Decoder(policy, MACHINES[2], TEXTS["iid-0.6"](), seed=1).throughput()
+    Decoder(policy, MACHINES[2], TEXTS["iid-0.6"](0), seed=1).throughput()
     assert policy.current_k(NGRAM) == 3

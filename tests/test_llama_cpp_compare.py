@@ -39,10 +39,11 @@ def test_tools_are_run_with_the_same_prompt_models_threads_and_length(tmp_path: 
     assert args[args.index("-n") + 1] == "97" and "--ignore-eos" in args and "--no-escape" in args
     assert args[args.index("-md") + 1] == "draft.gguf" and args[args.index("-t") + 1] == "2"
     assert args[args.index("--spec-draft-n-max") + 1] == "3"
-    tg = llama.bench_tg(128)
+    tg = llama.bench_tg(128, depth=42)
     assert (tg.tokens, tg.tokens_per_s) == (128, 15.25)
     args = (tmp_path / "llama-bench.args").read_text().split()
     assert args[args.index("-p") + 1] == "0" and args[args.index("-n") + 1] == "128"
+    assert args[args.index("-d") + 1] == "42"  # decoding after the prompt's context
 
 
 def test_a_missing_tool_is_a_clear_error(tmp_path: Path) -> None:
@@ -116,6 +117,9 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
     assert "llama.cpp none" in header and "llama.cpp ngram-mod" in header
     assert "specchat target" in header and "specchat K=2" in header
     row = next(line for line in table if line.startswith("| one ("))
-    assert "15.2 (bench tg)" in row and row.count("|") == header.count("|")
+    assert "| 15.2 (128) |" in row and row.count("|") == header.count("|")
+    args = (tmp_path / "llama-bench.args").read_text().split()
+    assert args[args.index("-d") + 1] == str(count)  # plain decoding after this prompt
+    assert args[args.index("-n") + 1] == row.split("(")[1].split("/")[0]  # as many tokens
     with pytest.raises(LlamaCppCompareError, match="prompts differ"):
         run(count + 1)

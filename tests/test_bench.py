@@ -175,14 +175,14 @@ def test_engine_share_is_the_time_outside_the_model_calls(tmp_path: Path, monkey
     clock = FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     sampling_calls = []
-    real_probabilities = chatapp.engine.probabilities
+    real_greedy_tokens = chatapp.engine.greedy_tokens
 
-    def costly_probabilities(logits, params):  # the engine's own work: 1 ms per target step
+    def costly_greedy_tokens(logits):  # the engine's own work: 1 ms per (greedy) target step
         clock.now += 0.001
         sampling_calls.append(1)
-        return real_probabilities(logits, params)
+        return real_greedy_tokens(logits)
 
-    monkeypatch.setattr(chatapp.engine, "probabilities", costly_probabilities)
+    monkeypatch.setattr(chatapp.engine, "greedy_tokens", costly_greedy_tokens)
     target = TimedFake(clock, 0.050)
     backends = BenchBackends(target, TimedFake(clock, 0.010, noise=1.0))
     out = io.StringIO()

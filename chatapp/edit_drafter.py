@@ -42,7 +42,11 @@ from chatapp.sampling import SamplingParams
 
 EDIT_KIND = "edit"
 EDIT_RUN = f"{EDIT_KIND}-run"  # the kind of a confident cursor's proposal
+EDIT_LONG_RUN = f"{EDIT_RUN}-long"  # ... and of one in a long verbatim stretch
 CONFIDENT_RUN = 4  # tokens matched since the last re-join for a cursor to count as confident
+LONG_RUN = 12  # tokens matched since the last re-join for a run to count as long (the n-gram
+# length llama.cpp's ngram-simple requires before it drafts: a stretch copied that far tends to
+# go on, so the policy learns this kind apart and may draft it longer)
 CONFIRM = 2  # tokens that must match after a re-join before its substitution is learnt
 MAX_SUBST = 8  # longest source or reply span of a learnt substitution
 LEAVE_MATCH = 8  # a diverged cursor moves elsewhere only for a match this long (else re-joins)
@@ -109,7 +113,8 @@ class EditTracker:
     def propose(self, k: int) -> tuple[list[int], str]:
         """Up to ``k`` tokens the reply is expected to continue with, and their kind: "edit-run"
         (the cursor has matched ``CONFIDENT_RUN`` tokens or more), "edit-new" (fewer), or
-        "edit-step" (a guess right after a divergence). Empty when there is no alignment."""
+        "edit-step" (a guess right after a divergence); "edit-run-long" once the run reaches
+        ``LONG_RUN``. Empty when there is no alignment."""
         cursor = self._cursor
         if cursor is None or k <= 0:
             return [], EDIT_KIND
@@ -121,8 +126,7 @@ class EditTracker:
             at = self._lost.source_at
             guess = (self.tokens[at - 1], self.tokens[at], self.tokens[self._lost.reply_at])
             return self._continuation(cursor, k, guess), f"{EDIT_KIND}-step"
-        kind = f"{EDIT_KIND}-{'run' if cursor.run >= CONFIDENT_RUN else 'new'}"
-        return self._continuation(cursor, k), kind
+        return self._continuation(cursor, k), _run_kind(cursor.run)
 
     def _continuation(self, cursor: _Cursor, k: int,
                       guess: tuple[int, int, int] | None = None) -> list[int]:
@@ -342,3 +346,11 @@ class EditDrafter:
         if not tokens:
             return Proposal.empty(self.vocab_size)
         return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind)
+
+
+def _run_kind(run: int) -> str:
+    """The kind of a proposal from a cursor that has matched ``run`` tokens since it was last
+    placed."""
+    if run >= LONG_RUN:
+        return EDIT_LONG_RUN
+    return EDIT_RUN if run >= CONFIDENT_RUN else f"{EDIT_KIND}-new"

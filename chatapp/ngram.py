@@ -221,7 +221,7 @@ class NgramDrafter:
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
         suffix = self.suffix_search(k)
         edit = self._edit_search(k)
-        first = suffix[1] == SUFFIX_LONG and edit[1] != EDIT_RUN  # else the edits come first
+        first = suffix[1] == SUFFIX_LONG and not edit[1].startswith(EDIT_RUN)  # else edits first
         for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
             if tokens:
                 yield tokens, kind

@@ -10,7 +10,7 @@ import pytest
 from chatapp.backends.fake import FakeBackend
 from chatapp.auto_policy import AutoDraftLength
 from chatapp.draft_policy import FixedDraftLength
-from chatapp.edit_drafter import EditDrafter, EditTracker
+from chatapp.edit_drafter import CONFIDENT_RUN, LONG_RUN, EditDrafter, EditTracker
 from chatapp.drafting import DraftBudget
 from chatapp.engine import SpeculativeEngine
 from chatapp.ngram import NgramDrafter, NgramIndex
@@ -160,6 +160,24 @@ def test_the_cursor_steps_past_a_changed_token_and_rejoins_after_an_insertion() 
     assert tracker.propose(3)[0] == []
     tracker.append(words("v")[0])  # the reply re-joins the source at v
     assert tracker.propose(3)[0] == words("w x y")
+
+
+def test_the_kind_tells_how_long_the_cursor_has_been_following() -> None:
+    # new while the run is short, run from CONFIDENT_RUN matched tokens, run-long from LONG_RUN:
+    # the policy learns each apart (a long verbatim stretch tends to go on).
+    words = Words()
+    source = words(" ".join(f"t{i}" for i in range(40)))
+    tracker = EditTracker()
+    for token in source:
+        tracker.append(token)
+    kinds = []
+    for token in source[:2 * LONG_RUN]:  # the reply copies the source
+        tracker.append(token)
+        kinds.append(tracker.propose(4)[1])
+    first = {kind: kinds.index(kind) for kind in ("edit-new", "edit-run", "edit-run-long")}
+    assert first["edit-new"] < first["edit-run"] < first["edit-run-long"]
+    assert first["edit-run-long"] - first["edit-run"] == LONG_RUN - CONFIDENT_RUN  # one a token
+    assert kinds[-1] == "edit-run-long"
 
 
 def test_the_cursor_keeps_its_place_among_repeated_lines() -> None:

@@ -1,10 +1,10 @@
 """`specchat bench --against-llama-cpp DIR`: llama.cpp's own tools beside specchat, one table.
 
 DIR holds binaries built from the llama.cpp source vendored by llama-cpp-python (``llama-bench``
-and ``llama-speculative-simple``). Prompt by prompt, specchat's configurations run (interleaved,
-as in ``specchat bench``) and right after them llama.cpp's rows on the same prompt, so that a shared machine's noise hits both sides alike (specchat's models stay
-loaded meanwhile, idle). llama.cpp uses the same models (the GGUF files specchat loads), the same
-threads, greedy:
+and ``llama-speculative-simple``). Prompt by prompt, specchat's configurations run (interleaved, as
+in ``specchat bench``) and right after them llama.cpp's rows on the same prompt, so that a shared
+machine's noise hits both sides alike (specchat's models stay loaded meanwhile, idle). llama.cpp
+uses the same models (the GGUF files specchat loads), the same threads, greedy:
 
 - ``none``: ``llama-bench -p 0 -n N -d D -t T`` (plain decoding, ``tg``, after a context of D
   tokens, D the prompt's token count: decoding after a prompt costs more than from an empty

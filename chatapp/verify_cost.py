@@ -88,6 +88,10 @@ class VerifyCostModel:
         """Whether ``n`` tokens were timed, recently enough (else ``predict`` extrapolates)."""
         return 1 <= n <= self.max_n and self._weight[n] >= STALE
 
+    def _measured_ns(self) -> list[int]:
+        """The n timed recently enough (``measured``), ascending."""
+        return [n for n in range(1, self.max_n + 1) if self.measured(n)]
+
     def _reference(self, n: int) -> float:
         """What a timing of ``n`` is judged against: its established mean; else, between two
         measured n, the interpolated prediction; outside them, a bound that is never cheap: below
@@ -96,7 +100,7 @@ class VerifyCostModel:
         clipping its first timings to it would keep a dear n, or one token, looking cheap.)"""
         if self._weight[n] >= ESTABLISHED:
             return self._mean[n]
-        measured = [m for m in range(1, self.max_n + 1) if self.measured(m)]
+        measured = self._measured_ns()
         if not measured:
             return self._mean[n]
         smallest, largest = measured[0], measured[-1]
@@ -108,7 +112,7 @@ class VerifyCostModel:
 
     def _predictions(self) -> list[float]:
         """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""
-        measured = [n for n in range(1, self.max_n + 1) if self.measured(n)]
+        measured = self._measured_ns()
         if not measured:
             return []
         a, b = self._curve(measured)

@@ -72,6 +72,7 @@ SPEC_MODES = (
     SpecMode("llama.cpp ngram-simple", ("--spec-type", "ngram-simple")),
     SpecMode("llama.cpp ngram-mod", ("--spec-type", "ngram-mod")),
 )
+LLAMA_ROWS = (NONE, *(mode.name for mode in SPEC_MODES))  # llama.cpp's rows, in table order
 DEFAULT_COMPARE_SPECS = ("target", "model:3", "model:auto", "ngram:auto", "ngram+model:auto")
 
 _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds")
@@ -215,7 +216,7 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
             for mode in SPEC_MODES:
                 runs[(prompt.id, mode.name)] = _checked(
                     prompt.id, len(tokens), llama.speculative(mode, text, length, config.seed or 0))
-            for name in (NONE, *(mode.name for mode in SPEC_MODES)):
+            for name in LLAMA_ROWS:
                 print(f"{prompt.id:<16} {name:<26} {runs[(prompt.id, name)].tokens:4d} tokens "
                       f"{runs[(prompt.id, name)].tokens_per_s:6.1f} tok/s", file=log, flush=True)
     finally:
@@ -241,7 +242,7 @@ def print_comparison(out: TextIO, config: Config, prompts: Sequence[BenchPrompt]
                      runs: dict[tuple[str, str], LlamaCppRun], counts: dict[str, int]) -> None:
     """The side-by-side markdown table: decode tokens/s per prompt, llama.cpp then specchat."""
     by_key = {(row.prompt, row.config): row for row in rows}
-    columns = [NONE] + [m.name for m in SPEC_MODES] + [f"specchat {name}" for name in configs]
+    columns = [*LLAMA_ROWS] + [f"specchat {name}" for name in configs]
     print(f"Decode tokens/s (prompt excluded), greedy, {config.threads} threads, target "
           f"{config.target}, draft {config.draft}; llama.cpp none: llama-bench tgN @ dD, N the new "
           "tokens and D the prompt tokens; "
@@ -252,8 +253,7 @@ def print_comparison(out: TextIO, config: Config, prompts: Sequence[BenchPrompt]
     print("|---" * (len(columns) + 1) + "|", file=out)
     for prompt in prompts:
         length = by_key[(prompt.id, TARGET)].tokens
-        cells = [_cell(runs[(prompt.id, name)], length)
-                 for name in (NONE, *(m.name for m in SPEC_MODES))]
+        cells = [_cell(runs[(prompt.id, name)], length) for name in LLAMA_ROWS]
         cells += [f"{by_key[(prompt.id, n)].tokens_per_s:.1f}" if (prompt.id, n) in by_key
                   else "-" for n in configs]
         print(f"| {prompt.id} ({length}/{counts[prompt.id]}) | " + " | ".join(cells) + " |",

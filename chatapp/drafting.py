@@ -15,15 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
+from chatapp.sampling import SamplingParams, greedy_tokens, probabilities, sample
 
 MODEL_SOURCE = "model"  # the draft model's proposals
+LONGEST_FREE_DRAFT = 16  # the longest draft of a source that costs nothing to ask (a lookup, the
+# edits, the suffix index), and how far ahead such a source scores itself. On the 2-core CPU of
+# the README verifying 16 tokens costs about 7.5 decode steps, less than 15 or 17 (llama.cpp's
+# batched kernels work in blocks). 32 (13 steps there) was measured no better on the code-edit
+# prompts and cost 4-6% in the policy simulation (tests/test_auto_simulation.py).
 
 
 @dataclass(frozen=True)
@@ -83,20 +89,34 @@ class ShadowScore:
 
 @dataclass(frozen=True)
 class Proposal:
-    """``probs`` (len(tokens), V): row i is the distribution tokens[i] was drawn from.
+    """Drafted ``tokens`` and the distributions they were drawn from (``probs``).
 
-    ``source``: which source made the tokens ("" when there are none); ``scores``: would-be
-    outcomes a free drafter scored since its last call.
+    ``rows`` (len(tokens), V): row i is the distribution tokens[i] was drawn from; None for a
+    deterministic proposal (one-hot rows over ``vocab_size`` tokens, built only if ``probs`` is
+    read: greedy verification never does). ``source``: which source made the tokens ("" when
+    there are none); ``scores``: would-be outcomes a free drafter scored since its last call.
     """
 
     tokens: list[int]
-    probs: np.ndarray
+    rows: np.ndarray | None
     source: str = ""
     scores: tuple[ShadowScore, ...] = ()
+    vocab_size: int = 0
 
     @classmethod
     def empty(cls, vocab_size: int, scores: tuple[ShadowScore, ...] = ()) -> "Proposal":
-        return cls([], np.zeros((0, vocab_size)), scores=scores)
+        return cls.one_hot([], vocab_size, "", scores)
+
+    @classmethod
+    def one_hot(cls, tokens: list[int], vocab_size: int, source: str,
+                scores: tuple[ShadowScore, ...] = ()) -> "Proposal":
+        """A deterministic proposal (an n-gram lookup, speculative edits)."""
+        return cls(tokens, None, source, scores, vocab_size)
+
+    @cached_property
+    def probs(self) -> np.ndarray:
+        """(len(tokens), V): row i is the distribution tokens[i] was drawn from."""
+        return one_hot_rows(self.tokens, self.vocab_size) if self.rows is None else self.rows
 
 
 def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -216,17 +236,15 @@ class ModelDrafter:
         sequence = list(context)
         for _ in range(k):
             logits = evaluate_sequence(self.backend, sequence, 1)
-            if params.greedy:  # probabilities' one-hot row, without sampling 152k entries
+            if params.greedy:  # a one-hot row, left unbuilt: greedy verification never reads it
                 token = greedy_tokens(logits)[0]
-                q = one_hot(token, self.backend.vocab_size)
             else:
-                q = probabilities(logits[0], params)
-                token = sample(q, rng)
+                rows.append(probabilities(logits[0], params))
+                token = sample(rows[-1], rng)
             tokens.append(token)
-            rows.append(q)
             sequence.append(token)
             if token in self.backend.stop_ids:
                 break
-        if not tokens:
-            return Proposal.empty(self.backend.vocab_size)
+        if params.greedy or not tokens:
+            return Proposal.one_hot(tokens, self.backend.vocab_size, MODEL_SOURCE)
         return Proposal(tokens, np.stack(rows), MODEL_SOURCE)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chatapp.drafting import DraftBudget, Proposal, one_hot_rows
+from chatapp.drafting import DraftBudget, Proposal
 from chatapp.sampling import SamplingParams
 
 EDIT_KIND = "edit"
@@ -345,7 +345,7 @@ class EditDrafter:
         tokens = tokens[:budget.for_source(kind)]
         if not tokens:
             return Proposal.empty(self.vocab_size)
-        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind)
+        return Proposal.one_hot(tokens, self.vocab_size, kind)
 
 
 def _run_kind(run: int) -> str:

@@ -32,12 +32,13 @@ keeping the n-gram.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from chatapp.drafting import (MODEL_SOURCE, DraftBudget, ModelDrafter, Proposal, ShadowScore,
-                              one_hot_rows)
+from chatapp.drafting import (LONGEST_FREE_DRAFT, MODEL_SOURCE, DraftBudget, ModelDrafter,
+                              Proposal, ShadowScore)
 from chatapp.edit_drafter import EDIT_RUN, EditTracker
 from chatapp.sampling import SamplingParams
 from chatapp.suffix_drafter import SuffixSource
@@ -154,10 +155,11 @@ class NgramDrafter:
     look-ahead (``lookahead`` tokens for the lookup, ``edit_lookahead`` for the edits,
     ``suffix_lookahead`` for the suffix index)."""
 
-    def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4, lookahead: int = 16,
-                 kind: str = NGRAM_KIND, kind_by_context: bool = True, edits: bool = True,
-                 edit_lookahead: int = 16, suffix: SuffixSource | None = None,
-                 suffix_lookahead: int = 16) -> None:
+    def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4,
+                 lookahead: int = LONGEST_FREE_DRAFT, kind: str = NGRAM_KIND,
+                 kind_by_context: bool = True, edits: bool = True,
+                 edit_lookahead: int = LONGEST_FREE_DRAFT, suffix: SuffixSource | None = None,
+                 suffix_lookahead: int = LONGEST_FREE_DRAFT) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
@@ -211,7 +213,7 @@ class NgramDrafter:
         self._scores.clear()
         if not tokens:
             return Proposal.empty(self.vocab_size, scores)
-        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size), kind, scores)
+        return Proposal.one_hot(tokens, self.vocab_size, kind, scores)
 
     def search(self, k: int) -> tuple[list[int], str]:
         """Up to ``k`` tokens continuing the context of the last ``sync`` from the first source
@@ -347,7 +349,7 @@ class NgramModelDrafter:
         if proposal.tokens:
             return self._filled(context, proposal, budget.most, params, rng)
         drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
-        return Proposal(drafted.tokens, drafted.probs, drafted.source, proposal.scores)
+        return replace(drafted, scores=proposal.scores)
 
     def _filled(self, context: Sequence[int], proposal: Proposal, k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:

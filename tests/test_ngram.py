@@ -60,6 +60,7 @@ def test_proposal_rows_are_one_hot() -> None:
     drafter = NgramDrafter(vocab_size=20)
     proposal = drafter.propose([1, 2, 3, 1, 2], DraftBudget.uniform(4), GREEDY, RNG)
     assert proposal.tokens == [3, 1, 2, 3]
+    assert proposal.rows is None  # built only when read: greedy verification never does
     assert proposal.probs.shape == (4, 20) and proposal.probs.dtype == np.float64
     assert np.array_equal(proposal.probs.sum(axis=1), np.ones(4))
     assert all(proposal.probs[i, t] == 1.0 for i, t in enumerate(proposal.tokens))

@@ -15,15 +15,13 @@ from itertools import accumulate
 from typing import Any
 
 from chatapp.draft_policy import StepOutcome, checked_draft_length
-from chatapp.drafting import MODEL_SOURCE, DraftBudget, ShadowScore
+from chatapp.drafting import LONGEST_FREE_DRAFT, MODEL_SOURCE, DraftBudget, ShadowScore
 from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 from chatapp.verify_cost import VerifyCostModel
 
 LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
-FREE_MAX_K = 16  # the longest draft of a free source, as long as its shadow look-ahead. On the
-# 2-core CPU of the README a run of edits or copied code pays well past 8 tokens (verifying 17
-# tokens costs about 9 decode steps there, 33 about 14, each verified position paying for the
-# 152k-wide output layer); 24 and 32 were measured no better on the code-edit prompts, 8 worse.
+FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow
+# look-ahead (8 was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
 
 # Constants of the policy; nothing sets them at run time. The values are those the policy was
 # written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
@@ -43,6 +41,7 @@ STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without d
 PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
 SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
 THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
+EXPLORE_BUDGET = 0.05  # at most this share of the time goes to verifying batch sizes never timed
 
 
 class AutoDraftLength:
@@ -58,7 +57,10 @@ class AutoDraftLength:
       model drafter does after steps without drafting, and to a busy machine);
     - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n as measured,
       with no form imposed (4 tokens may cost less than 3); an n never measured is extrapolated on
-      the cheap side, so that it is tried once and then known (``VerifyCostModel``);
+      the cheap side, so that it is tried once and then known (``VerifyCostModel``); for a free
+      source, while verifying never-timed n has taken at most ``EXPLORE_BUDGET`` of the time, an
+      n between measured ones is guessed as cheap as the measured one below it, so that a batch
+      size cheaper than its neighbours (16 tokens on the README's CPU) is found;
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
     It drafts the K in 0..max_k (0..free_max_k for a source that scores itself for free: its
@@ -117,6 +119,8 @@ class AutoDraftLength:
         self._tokens = 0.0  # tokens emitted and seconds spent, forgetting by THROUGHPUT_FORGET
         self._seconds = 0.0
         self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
+        self._spent_s = 0.0  # all verification time, and that of batch sizes never timed before
+        self._exploring_s = 0.0
         self._shown_k = self.explore_k
 
     # -- DraftPolicy ----------------------------------------------------------------------------
@@ -151,6 +155,7 @@ class AutoDraftLength:
             forget = THROUGHPUT_FORGET
             self._tokens = forget * self._tokens + outcome.accepted + 1
             self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
+            self._count_exploring(k + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
             if k == 0:
                 self._last_plain = self._step
@@ -160,6 +165,19 @@ class AutoDraftLength:
                                   self.stale_forget, self.catchup_prior)
             for arm in self._arms.values():
                 self._decide(arm)
+
+    def _count_exploring(self, n: int, seconds: float) -> None:
+        """Add a verification of ``n`` tokens to the time spent, and to the time spent exploring
+        when ``n`` was never timed before."""
+        seconds = max(seconds, 0.0)
+        self._spent_s += seconds
+        if not self._verify.ever_measured(n):
+            self._exploring_s += seconds
+
+    def _may_explore(self) -> bool:
+        """Whether a free source may still be offered batch sizes never timed at a cheap guess
+        of their cost (within ``EXPLORE_BUDGET`` of the time)."""
+        return self._exploring_s <= EXPLORE_BUDGET * self._spent_s
 
     def _observe_shadow(self, score: ShadowScore) -> None:
         """A free proposal from ``score.source`` would have had ``score.matched`` accepted."""
@@ -276,7 +294,8 @@ class AutoDraftLength:
         longest = len(acceptance)
         if self._verify.predict(1) is None:
             return [], []
-        verify = [self._verify.predict(n) for n in range(1, longest + 2)]
+        explore = arm.shadowed and self._may_explore()
+        verify = [self._verify.predict(n, explore) for n in range(1, longest + 2)]
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
             draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]

@@ -19,13 +19,16 @@ class VerifyCostModel:
 
     Per n, a mean with exponential forgetting. No functional form is imposed on measured n: the
     cost need not grow with n (on the 2-core Xeon of issue 12 a 4-token batch costs 86 ms, a
-    3-token one 101), so a measured n is predicted by its own mean. An n never measured is
-    predicted on the cheap side, so that the policy tries it and learns, where erring on the dear
-    side would never be corrected:
+    3-token one 101; on the README's 2-core EPYC 16 tokens cost 238 ms, 15 cost 297 and 8 cost
+    208: llama.cpp's batched kernels work in blocks), so a measured n is predicted by its own
+    mean. An n not measured is predicted on the cheap side, so that the policy tries it and
+    learns, where erring on the dear side would never be corrected:
 
     - between two measured n, linearly interpolated (below the true cost where the cost is
-      concave or linear in n, as on a GPU or a CPU);
-    - outside the measured range, by the curve ``a + b ln(n)`` fitted to the measured means (a
+      concave or linear in n, as on a GPU or a CPU); with ``predict(n, explore=True)``, an n
+      never measured is guessed at the cost of the measured n just below it: a batch size that
+      is cheaper than its neighbours, as 16 above, is found only if it is tried;
+    - above the measured range, by the curve ``a + b ln(n)`` fitted to the measured means (a
       batch costs less per token as it grows: below a linear or convex cost), with a ridge
       pulling b towards ``slope_prior`` x the one-token cost so that one measured n already
       extrapolates.
@@ -46,7 +49,8 @@ class VerifyCostModel:
         self.outlier = outlier
         self._mean = [0.0] * (max_n + 1)
         self._weight = [0.0] * (max_n + 1)
-        self._predicted: list[float] | None = None
+        self._predicted: list[float] | None = None  # predict(n), n = 1..max_n; None: stale
+        self._explored: list[float] = []  # predict(n, explore=True)
 
     def learnt(self) -> dict[str, list[float]]:
         """The per-n means and their weights (index 0 unused), plain JSON data."""
@@ -76,17 +80,24 @@ class VerifyCostModel:
         self._weight[n] = weight
         self._predicted = None
 
-    def predict(self, n: int) -> float | None:
-        """Seconds to verify ``n`` tokens (clamped to 1..max_n); None before any timing."""
+    def predict(self, n: int, explore: bool = False) -> float | None:
+        """Seconds to verify ``n`` tokens (clamped to 1..max_n); None before any timing. With
+        ``explore``, an n never measured between measured ones is guessed at the cost of the
+        one below it rather than interpolated (see the class docstring)."""
         if self._predicted is None:
-            self._predicted = self._predictions()
+            self._predicted, self._explored = self._predictions()
         if not self._predicted:
             return None
-        return self._predicted[min(max(n, 1), self.max_n) - 1]
+        n = min(max(n, 1), self.max_n)
+        return (self._explored if explore else self._predicted)[n - 1]
 
     def measured(self, n: int) -> bool:
         """Whether ``n`` tokens were timed, recently enough (else ``predict`` extrapolates)."""
         return 1 <= n <= self.max_n and self._weight[n] >= STALE
+
+    def ever_measured(self, n: int) -> bool:
+        """Whether ``n`` tokens were ever timed (or resumed as timed)."""
+        return 1 <= n <= self.max_n and self._weight[n] > 0.0
 
     def _measured_ns(self) -> list[int]:
         """The n timed recently enough (``measured``), ascending."""
@@ -110,21 +121,24 @@ class VerifyCostModel:
             return self._mean[largest] + (n - largest) * self._mean[smallest] / smallest
         return self.predict(n) or self._mean[n]
 
-    def _predictions(self) -> list[float]:
-        """predict(n) for n = 1..max_n: the mean where measured, else the cheap extrapolation."""
+    def _predictions(self) -> tuple[list[float], list[float]]:
+        """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
+        else the cheap guess."""
         measured = self._measured_ns()
         if not measured:
-            return []
+            return [], []
         a, b = self._curve(measured)
-        out = []
+        out, explored = [], []
         for n in range(1, self.max_n + 1):
             at = bisect_left(measured, n)  # measured[at] is the first measured n' >= n
             if at < len(measured) and (measured[at] == n or at > 0):
                 below = n if measured[at] == n else measured[at - 1]
                 out.append(self._interpolated(n, below, measured[at]))
+                explored.append(self._mean[below] if self._weight[n] == 0.0 else out[-1])
             else:
                 out.append(max(a + b * math.log(n), 1e-9))
-        return out
+                explored.append(out[-1])
+        return out, explored
 
     def _interpolated(self, n: int, below: int, above: int) -> float:
         """The mean at n, linear between the measured ``below`` <= n <= ``above``."""

@@ -41,7 +41,7 @@ STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without d
 PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
 SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
 THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
-EXPLORE_BUDGET = 0.05  # at most this share of the time goes to verifying batch sizes never timed
+EXPLORE_BUDGET = 0.02  # verifying batch sizes never timed may lose at most this share of the time
 
 
 class AutoDraftLength:
@@ -58,7 +58,7 @@ class AutoDraftLength:
     - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n as measured,
       with no form imposed (4 tokens may cost less than 3); an n never measured is extrapolated on
       the cheap side, so that it is tried once and then known (``VerifyCostModel``); for a free
-      source, while verifying never-timed n has taken at most ``EXPLORE_BUDGET`` of the time, an
+      source, while verifying never-timed n has lost at most ``EXPLORE_BUDGET`` of the time, an
       n between measured ones is guessed as cheap as the measured one below it, so that a batch
       size cheaper than its neighbours (16 tokens on the README's CPU) is found;
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
@@ -155,7 +155,7 @@ class AutoDraftLength:
             forget = THROUGHPUT_FORGET
             self._tokens = forget * self._tokens + outcome.accepted + 1
             self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
-            self._count_exploring(k + 1, outcome.verify_s)
+            self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
             if k == 0:
                 self._last_plain = self._step
@@ -166,17 +166,19 @@ class AutoDraftLength:
             for arm in self._arms.values():
                 self._decide(arm)
 
-    def _count_exploring(self, n: int, seconds: float) -> None:
-        """Add a verification of ``n`` tokens to the time spent, and to the time spent exploring
-        when ``n`` was never timed before."""
+    def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
+        """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,
+        when ``n`` was never timed before, what it lost against plain decoding of those tokens
+        to the time spent exploring."""
         seconds = max(seconds, 0.0)
         self._spent_s += seconds
-        if not self._verify.ever_measured(n):
-            self._exploring_s += seconds
+        plain = self._verify.predict(1)
+        if not self._verify.ever_measured(n) and plain is not None:
+            self._exploring_s += max(0.0, seconds - emitted * plain)
 
     def _may_explore(self) -> bool:
         """Whether a free source may still be offered batch sizes never timed at a cheap guess
-        of their cost (within ``EXPLORE_BUDGET`` of the time)."""
+        of their cost (while what exploring lost is within ``EXPLORE_BUDGET`` of the time)."""
         return self._exploring_s <= EXPLORE_BUDGET * self._spent_s
 
     def _observe_shadow(self, score: ShadowScore) -> None:

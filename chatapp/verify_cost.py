@@ -10,6 +10,8 @@ from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
 
 ESTABLISHED = 3.0  # observations after which an n's own mean is the yardstick for outliers
 AGE = 0.995  # per timing of another n, an n's weight ages (first calls are slow: see STALE)
+WORTH_A_TRY = 0.95  # an exploring guess below this x the interpolation is offered; closer to
+# it, the try would teach little (a GPU's flat costs) and only perturb the choice
 STALE = 0.25  # an n whose weight aged below this is extrapolated again, and so tried again: a
 # cost measured dear once (the first exploring steps, a busy moment) is not believed for good
 
@@ -26,8 +28,9 @@ class VerifyCostModel:
 
     - between two measured n, linearly interpolated (below the true cost where the cost is
       concave or linear in n, as on a GPU or a CPU); with ``predict(n, explore=True)``, an n
-      never measured is guessed at the cost of the measured n just below it: a batch size that
-      is cheaper than its neighbours, as 16 above, is found only if it is tried;
+      never measured is guessed at the cost of the measured n just below it (once the measured n
+      above it is established, where that is under ``WORTH_A_TRY`` x the interpolation): a
+      batch size that is cheaper than its neighbours, as 16 above, is found only if it is tried;
     - above the measured range, by the curve ``a + b ln(n)`` fitted to the measured means (a
       batch costs less per token as it grows: below a linear or convex cost), with a ridge
       pulling b towards ``slope_prior`` x the one-token cost so that one measured n already
@@ -134,11 +137,21 @@ class VerifyCostModel:
             if at < len(measured) and (measured[at] == n or at > 0):
                 below = n if measured[at] == n else measured[at - 1]
                 out.append(self._interpolated(n, below, measured[at]))
-                explored.append(self._mean[below] if self._weight[n] == 0.0 else out[-1])
+                explored.append(self._guess(n, below, measured[at], out[-1]))
             else:
                 out.append(max(a + b * math.log(n), 1e-9))
                 explored.append(out[-1])
         return out, explored
+
+    def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:
+        """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of
+        ``below`` for an n never measured, once ``above`` is established and where that is
+        under ``WORTH_A_TRY`` x the interpolation; else the interpolation."""
+        weight = self._weight
+        if weight[n] > 0.0 or weight[above] < ESTABLISHED:
+            return interpolated
+        guess = self._mean[below]
+        return guess if guess < WORTH_A_TRY * interpolated else interpolated
 
     def _interpolated(self, n: int, below: int, above: int) -> float:
         """The mean at n, linear between the measured ``below`` <= n <= ``above``."""

@@ -379,3 +379,39 @@ def test_a_cost_measured_dear_long_ago_is_tried_again() -> None:
         model.observe(1, 0.065)
     assert not model.measured(4)
     assert model.predict(4) < 0.300 / 2
+
+
+def test_an_exploring_guess_is_the_cost_below_only_where_it_could_pay() -> None:
+    # Measured 10 and 17 tokens: an exploring guess for 16 is the cost of 10 (the interpolation
+    # would never get it tried); not before 17 is established, nor on flat costs, nor for an n
+    # measured before.
+    model = VerifyCostModel(17)
+    model.observe(10, 0.238)
+    model.observe(17, 0.285)
+    assert model.predict(16, explore=True) == model.predict(16) > 0.27
+    for _ in range(3):
+        model.observe(10, 0.238)
+        model.observe(17, 0.285)
+    assert model.predict(16, explore=True) == pytest.approx(0.238)
+    assert model.predict(16) > 0.27
+    model.observe(16, 0.238)
+    model.observe(15, 0.297)
+    assert model.predict(15, explore=True) == pytest.approx(0.297)
+    flat = VerifyCostModel(17)
+    for _ in range(4):
+        flat.observe(1, 0.020)
+        flat.observe(17, 0.0203)
+    assert flat.predict(8, explore=True) == flat.predict(8)
+
+
+def test_exploring_batch_sizes_stops_when_it_has_lost_its_budget() -> None:
+    # Every never-timed size tried loses (nothing accepted, dear): after a few, the policy no
+    # longer offers them at the cheap guess.
+    policy = AutoDraftLength()
+    scores = tuple(ShadowScore("ngram", 16, 16) for _ in range(40))
+    for _ in range(4):
+        report(policy, 0, 0, 0.0, 0.030)
+        report(policy, 16, 16, 0.0, 0.300, source="ngram", scores=scores)
+    assert policy._may_explore()
+    report(policy, 9, 0, 0.0, 2.0, source="ngram")  # a never-timed size, lost
+    assert not policy._may_explore()

@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--against-llama-cpp", type=Path, metavar="DIR", help="also run llama.cpp's "
                       "llama-bench and llama-speculative-simple from DIR on the same prompts and "
                       "print one comparison table")
+    mode.add_argument("--verify-costs", action="store_true", help="time the target verifying "
+                      "n = 1..17 tokens after the first chosen prompt (the cost curve the auto "
+                      "policy learns)")
     _add_rpc_server_parser(commands)
     return parser
 
@@ -220,6 +223,10 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
         return compare_command(config, args.against_llama_cpp, prompts, specs,
                                bench_max_tokens(config), warmup=args.warmup, repeats=args.repeats)
+    if args.verify_costs:
+        from chatapp.bench.verify_costs import verify_costs_command
+
+        return verify_costs_command(config, prompts[0])
     if args.conversation:
         from chatapp.bench.conversation import conversation_command
 

@@ -1,0 +1,84 @@
+"""`specchat bench --verify-costs`: what verifying n tokens costs the target on this machine.
+
+A speculation step feeds the target the last emitted token and K drafts (n = K + 1 tokens) and
+needs logits at every one of them. On a CPU that cost is not a smooth curve of n (llama.cpp's
+batched kernels work in blocks: on the README's 2-core EPYC 16 tokens cost less than 15), and it
+is what the ``auto`` policy learns per n while it runs. This command measures the whole curve at
+once, the way the engine evaluates: after a prompt of ``depth`` tokens, n tokens with logits for
+every position, the cache truncated back after each timing; the median of ``repeats`` timings.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from chatapp.backends.base import Backend, ChatMessage
+from chatapp.bench.specs import BenchPrompt
+from chatapp.config import Config
+from chatapp.drafting import LONGEST_FREE_DRAFT, evaluate_sequence
+from chatapp.loader import load_backend
+
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Verifying ``tokens`` tokens took ``seconds`` (median)."""
+
+    tokens: int
+    seconds: float
+
+
+def measure_verify_costs(target: Backend, context: Sequence[int], feed: Sequence[int],
+                         sizes: Sequence[int], repeats: int = REPEATS) -> list[VerifyCost]:
+    """Per n in ``sizes``: the median seconds of evaluating ``feed[:n]`` after ``context`` with
+    logits for all n positions. ``feed`` must hold at least ``max(sizes)`` tokens."""
+    if len(feed) < max(sizes):
+        raise ValueError(f"{len(feed)} tokens to feed, {max(sizes)} needed")
+    evaluate_sequence(target, context, 1)
+    costs = []
+    for n in sizes:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            target.evaluate(feed[:n], n)
+            times.append(time.perf_counter() - started)
+            target.truncate(len(context))
+        costs.append(VerifyCost(n, statistics.median(times)))
+    return costs
+
+
+def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
+    """The table: n, ms, x one token, ms per token, tokens per one-token time at full
+    acceptance (the most a step of that size can yield against plain decoding)."""
+    one = next((c.seconds for c in costs if c.tokens == 1), None)
+    out.write(f"{'n':>3} {'ms':>8} {'x 1 token':>10} {'ms/token':>9} {'best speedup':>13}\n")
+    for cost in costs:
+        ms = cost.seconds * 1000
+        relative = f"{cost.seconds / one:10.2f}" if one else f"{'-':>10}"
+        ceiling = f"{cost.tokens * one / cost.seconds:12.2f}x" if one else f"{'-':>13}"
+        out.write(f"{cost.tokens:3d} {ms:8.1f} {relative} {ms / cost.tokens:9.1f} {ceiling}\n")
+
+
+def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None = None,
+                         log: TextIO | None = None) -> int:
+    """Load the target, measure n = 1..``LONGEST_FREE_DRAFT`` + 1 after ``prompt`` (as a chat
+    turn), print the table."""
+    out = out or sys.stdout
+    log = log or sys.stderr
+    target = load_backend(config.target, "target", config)
+    try:
+        context = target.chat_prompt([ChatMessage("user", prompt.text)])
+        sizes = range(1, LONGEST_FREE_DRAFT + 2)
+        feed = (context * (1 + len(sizes) // max(len(context), 1)))[:len(sizes)]
+        print(f"Verification costs of {target.name}, {target.threads} threads, after "
+              f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}:", file=log)
+        print_verify_costs(out, measure_verify_costs(target, context, feed, sizes))
+    finally:
+        target.close()
+    return 0

@@ -2,13 +2,16 @@
 target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
 
     python -m chatapp.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
+        [--costs MS,MS,...]
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
 Each prompt is re-tokenized with the target's chat template (the model file is opened, not run).
 At every step the drafter proposes up to K tokens, the longest prefix that matches the reply is
 accepted and the reply's next token follows, as greedy verification would do. ``--history``
 puts the other prompts' chats in the suffix index first (the user's earlier chats). ``--trace``
-prints each step of one prompt: the source, what it proposed, what the target wrote.
+prints each step of one prompt: the source, what it proposed, what the target wrote. ``--costs``
+(this machine's verification costs) prints instead the speedup over plain decoding that a perfect
+choice of every step's draft length would reach with these proposals.
 """
 
 from __future__ import annotations
@@ -35,12 +38,16 @@ RNG = np.random.default_rng(0)  # unused: the drafter is deterministic
 
 
 def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k: int,
-           piece: Callable[[int], str] | None = None) -> int:
-    """Target calls to produce ``reply`` after ``prompt`` with ``drafter`` proposing up to ``k``
-    tokens a step (greedy verification); with ``piece`` (a token's text), print every step."""
+           piece: Callable[[int], str] | None = None,
+           costs: Sequence[float] | None = None) -> list[int]:
+    """The tokens each target call emits to produce ``reply`` after ``prompt`` with ``drafter``
+    proposing up to ``k`` tokens a step (greedy verification); with ``piece`` (a token's text),
+    print every step. With ``costs`` (seconds to verify n = 1, 2, ... tokens; k < len(costs)),
+    an oracle cuts each proposal where it pays best: to the n <= matched + 1 with the most tokens
+    per second, the ceiling of any policy choosing K for this drafter."""
     context = list(prompt)
     drafter.prefill(context[:-1])
-    at = calls = 0
+    at, steps = 0, []
     while at < len(reply):
         budget = DraftBudget.uniform(min(k, len(reply) - at - 1))
         drafted = drafter.propose(context, budget, SamplingParams(), RNG)
@@ -48,15 +55,23 @@ def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k
         matched = 0
         while matched < len(proposal) and proposal[matched] == reply[at + matched]:
             matched += 1
-        emitted = reply[at:at + matched + 1]
+        n = matched + 1
+        if costs is not None:
+            n = max(range(1, n + 1), key=lambda size: size / costs[size - 1])
+        emitted = reply[at:at + n]
         if piece is not None:
             shown = "".join(piece(t) for t in proposal[:16])
             print(f"{at:4d} {drafted.source or '-':<18} accepted {matched:2d}/{len(proposal):2d} "
                   f"proposed {shown!r} wrote {''.join(piece(t) for t in emitted)!r}")
         context.extend(emitted)
         at += len(emitted)
-        calls += 1
-    return calls
+        steps.append(len(emitted))
+    return steps
+
+
+def ceiling_speedup(steps: Sequence[int], costs: Sequence[float]) -> float:
+    """Plain decoding's time for the tokens of ``steps`` over theirs at ``costs``."""
+    return sum(steps) * costs[0] / sum(costs[n - 1] for n in steps)
 
 
 def _piece(target: Backend) -> Callable[[int], str]:
@@ -70,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", help="print every step of this prompt (at the first K)")
     parser.add_argument("--history", action="store_true",
                         help="index the other prompts' chats first (earlier chats)")
+    parser.add_argument("--costs", help="comma-separated ms to verify n = 1, 2, ... tokens "
+                        "(`specchat bench --verify-costs`): print each K's ceiling speedup "
+                        "instead (an oracle cuts every proposal where it pays best)")
     args = parser.parse_args(argv)
+    costs = [float(ms) / 1000 for ms in args.costs.split(",")] if args.costs else None
     config = dataclasses.replace(Config(), n_ctx=2048, threads=1)
     target = load_backend(config.target, "target", config)
     texts = {p.id: p.text for p in load_prompts()}
@@ -79,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     chats = {r["prompt"]: (target.chat_prompt(system + [ChatMessage("user", texts[r["prompt"]])]),
                            r["output"]) for r in rows if r["prompt"] in texts}
     ks = [int(k) for k in args.k.split(",")]
-    print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks) + "  (tokens per call)")
+    if costs is not None and max(ks) >= len(costs):
+        parser.error(f"--costs needs {max(ks) + 1} sizes for K = {max(ks)}")
+    measure = "ceiling x plain" if costs else "tokens per call"
+    print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks) + f"  ({measure})")
     for name, (prompt, reply) in chats.items():
         per_call = []
         for i, k in enumerate(ks):
@@ -90,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         corpus.add_chat_text(other, p + r)
             drafter = NgramDrafter(target.vocab_size, suffix=SuffixSource(corpus))
             traced = args.trace == name and i == 0
-            per_call.append(len(reply) / replay(drafter, prompt, reply, k,
-                                                 _piece(target) if traced else None))
+            steps = replay(drafter, prompt, reply, k, _piece(target) if traced else None, costs)
+            per_call.append(ceiling_speedup(steps, costs) if costs else len(reply) / len(steps))
         print(f"{name:<20}" + "".join(f"{v:8.2f}" for v in per_call))
     target.close()
     return 0

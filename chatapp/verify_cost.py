@@ -147,8 +147,7 @@ class VerifyCostModel:
         """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of
         ``below`` for an n never measured, once ``above`` is established and where that is
         under ``WORTH_A_TRY`` x the interpolation; else the interpolation."""
-        weight = self._weight
-        if weight[n] > 0.0 or weight[above] < ESTABLISHED:
+        if self.ever_measured(n) or self._weight[above] < ESTABLISHED:
             return interpolated
         guess = self._mean[below]
         return guess if guess < WORTH_A_TRY * interpolated else interpolated

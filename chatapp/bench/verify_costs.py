@@ -4,8 +4,8 @@ A speculation step feeds the target the last emitted token and K drafts (n = K +
 needs logits at every one of them. On a CPU that cost is not a smooth curve of n (llama.cpp's
 batched kernels work in blocks: on the README's 2-core EPYC 16 tokens cost less than 15), and it
 is what the ``auto`` policy learns per n while it runs. This command measures the whole curve at
-once, the way the engine evaluates: after a prompt of ``depth`` tokens, n tokens with logits for
-every position, the cache truncated back after each timing; the median of ``repeats`` timings.
+once, the way the engine evaluates: after a chat prompt, n tokens with logits for every
+position, the cache truncated back after each timing; the median of ``REPEATS`` timings.
 """
 
 from __future__ import annotations

@@ -61,13 +61,6 @@ def greedy_tokens(logits: np.ndarray) -> list[int]:
     return [int(i) for i in np.argmax(np.asarray(logits).reshape(-1, logits.shape[-1]), axis=1)]
 
 
-def one_hot(token: int, vocab_size: int) -> np.ndarray:
-    """A distribution with all its mass on ``token``."""
-    probs = np.zeros(vocab_size, dtype=np.float64)
-    probs[token] = 1.0
-    return probs
-
-
 def _fill_row(logits: np.ndarray, params: SamplingParams, out: np.ndarray) -> None:
     """Write the distribution of one row of logits into ``out`` (float64, same length).
 

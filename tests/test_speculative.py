@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatapp.sampling import SamplingParams, greedy_tokens, one_hot, probabilities, sample
+from chatapp.drafting import one_hot_rows
+from chatapp.sampling import SamplingParams, greedy_tokens, probabilities, sample
 from chatapp.speculative import verify, verify_greedy
 from tests.stat_tools import fits
 
@@ -58,7 +59,7 @@ def test_first_and_second_tokens_follow_target_for_random_pairs(seed: int) -> No
 def test_one_hot_greedy_drafts_are_exact() -> None:
     rng = np.random.default_rng(7)
     p = rng.dirichlet(np.ones(V), size=2)
-    q = np.stack([one_hot(int(np.argmax(rng.random(V))), V)])
+    q = one_hot_rows([int(np.argmax(rng.random(V)))], V)
     first, _ = _emitted_tokens(p, q, seed=1)
     assert fits(first, p[0])
 
@@ -83,11 +84,11 @@ def test_draft_token_the_target_cannot_emit_is_always_rejected() -> None:
 
 def test_greedy_accepts_while_draft_equals_target_argmax() -> None:
     target = [3, 1, 4, 5]
-    p = np.stack([one_hot(t, V) for t in target])
+    p = one_hot_rows(target, V)
     rng = np.random.default_rng(0)
-    assert verify([3, 1, 4], np.stack([one_hot(t, V) for t in (3, 1, 4)]), p, rng) == (3, 5)
-    assert verify([3, 2, 4], np.stack([one_hot(t, V) for t in (3, 2, 4)]), p, rng) == (1, 1)
-    assert verify([0, 1, 4], np.stack([one_hot(t, V) for t in (0, 1, 4)]), p, rng) == (0, 3)
+    assert verify([3, 1, 4], one_hot_rows((3, 1, 4), V), p, rng) == (3, 5)
+    assert verify([3, 2, 4], one_hot_rows((3, 2, 4), V), p, rng) == (1, 1)
+    assert verify([0, 1, 4], one_hot_rows((0, 1, 4), V), p, rng) == (0, 3)
 
 
 def test_k_zero_samples_from_the_target() -> None:
@@ -104,7 +105,7 @@ def test_the_check_detects_a_verifier_given_the_wrong_q() -> None:
     rng = np.random.default_rng(11)
     p = rng.dirichlet(np.ones(V), size=2)
     q_soft = rng.dirichlet(np.ones(V), size=1)
-    greedy_rows = np.stack([one_hot(int(np.argmax(q_soft[0])), V)])
+    greedy_rows = one_hot_rows([int(np.argmax(q_soft[0]))], V)
     first, _ = _emitted_tokens(p, q_soft, seed=4, draft_from=greedy_rows)
     assert not fits(first, p[0])
 

@@ -28,6 +28,7 @@ from chatapp.backends.base import Backend, ChatMessage
 from chatapp.bench import load_prompts
 from chatapp.config import Config
 from chatapp.drafting import DraftBudget
+from chatapp.edit_drafter import line_end_test
 from chatapp.loader import load_backend
 from chatapp.ngram import NgramDrafter
 from chatapp.sampling import SamplingParams
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 for other, (p, r) in chats.items():
                     if other != name:
                         corpus.add_chat_text(other, p + r)
-            drafter = NgramDrafter(target.vocab_size, suffix=SuffixSource(corpus))
+            drafter = NgramDrafter(target.vocab_size, suffix=SuffixSource(corpus),
+                                   ends_line=line_end_test(target.token_bytes))
             traced = args.trace == name and i == 0
             steps = replay(drafter, prompt, reply, k, _piece(target) if traced else None, costs)
             per_call.append(ceiling_speedup(steps, costs) if costs else len(reply) / len(steps))

@@ -14,6 +14,13 @@ message) and follows the reply through it token by token:
   ``CONFIDENT_RUN`` tokens moves to another part of the context meanwhile only on a match of
   ``LEAVE_MATCH`` tokens: a short one (the instruction quoting the new code, ``timeout=10.0``)
   must not take it out of the code it follows.
+- line by line: given which tokens end a line (``ends_line``), a reply that diverged from a
+  cursor that had matched ``LINE_ALIGNED`` tokens or more, and ends its line before re-joining
+  on a match of two tokens or more, re-joins at the start of the next source line
+  ("edit-line"): code is rewritten a line at a time, so the line after a changed
+  one (a signature given type hints, a print made an f-string) is most likely the next line of
+  the source, whatever the changed line ended with. A divergence at the start of both a source
+  line and a reply line is taken for an inserted line: the reply re-joins that same source line.
 - no cursor: it acquires one where the reply's last ``acquire_n`` tokens occurred before (among
   the latest occurrences, the one preceded by the longest match).
 
@@ -32,8 +39,9 @@ a bounded scan), independent of the context length; a proposal of k tokens costs
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -43,12 +51,14 @@ from chatapp.sampling import SamplingParams
 EDIT_KIND = "edit"
 EDIT_RUN = f"{EDIT_KIND}-run"  # the kind of a confident cursor's proposal
 EDIT_LONG_RUN = f"{EDIT_RUN}-long"  # ... and of one in a long verbatim stretch
+EDIT_LINE = f"{EDIT_KIND}-line"  # ... and of one re-joined at the next line, not yet confident
 CONFIDENT_RUN = 4  # tokens matched since the last re-join for a cursor to count as confident
 LONG_RUN = 12  # tokens matched since the last re-join for a run to count as long (the n-gram
 # length llama.cpp's ngram-simple requires before it drafts: a stretch copied that far tends to
 # go on, so the policy learns this kind apart and may draft it longer)
 CONFIRM = 2  # tokens that must match after a re-join before its substitution is learnt
 MAX_SUBST = 8  # longest source or reply span of a learnt substitution
+LINE_ALIGNED = 2  # tokens a cursor must have matched for the line-by-line re-join after it leaves
 LEAVE_MATCH = 8  # a diverged cursor moves elsewhere only for a match this long (else re-joins)
 
 
@@ -62,6 +72,7 @@ class _Cursor:
     pending: tuple[int, ...] = ()
     sub_start: int = 0
     run: int = 0
+    by_line: bool = False  # placed at a line start by the line-by-line re-join
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class _Divergence:
     reply_at: int
     source_end: int
     settled: bool = False  # the cursor had matched CONFIDENT_RUN tokens or more before it
+    line_start: int | None = None  # where the reply re-joins once it ends its line, if known
 
 
 class EditTracker:
@@ -80,10 +92,13 @@ class EditTracker:
     docstring. Feed every token with ``append``; ``propose`` never changes the state."""
 
     def __init__(self, window: int = 48, patience: int = 12, acquire_n: int = 3,
-                 candidates: int = 8) -> None:
+                 candidates: int = 8, ends_line: Callable[[int], bool] | None = None) -> None:
+        """``ends_line``: whether a token ends a line (its text holds a newline); without it the
+        tracker does not follow the text line by line."""
         if acquire_n < 2:
             raise ValueError(f"acquire_n must be at least 2, got {acquire_n}")
         self.window = window
+        self.ends_line = ends_line
         self.patience = patience
         self.acquire_n = acquire_n
         self.candidates = candidates
@@ -101,12 +116,18 @@ class EditTracker:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def forget_substitutions(self) -> None:
-        """Drop the learnt substitutions (at the start of a reply: those seen in the prompt are
-        not the edit being made)."""
+    def start_reply(self) -> None:
+        """Drop the learnt substitutions and what the line-by-line following made of the prompt:
+        at the start of a reply, the substitutions seen in the prompt are not the edit being made,
+        and the line the prompt's own text left says nothing of where the reply starts."""
         self._subs.clear()
         self._inserts.clear()
         self._candidate = None
+        self._rejoined = None
+        if self._lost is not None:
+            self._lost = replace(self._lost, line_start=None)
+        if self._cursor is not None and self._cursor.by_line:
+            self._cursor = self._lost = None
 
     # -- proposing ------------------------------------------------------------------------------
 
@@ -114,7 +135,8 @@ class EditTracker:
         """Up to ``k`` tokens the reply is expected to continue with, and their kind: "edit-run"
         (the cursor has matched ``CONFIDENT_RUN`` tokens or more), "edit-new" (fewer), or
         "edit-step" (a guess right after a divergence); "edit-run-long" once the run reaches
-        ``LONG_RUN``. Empty when there is no alignment."""
+        ``LONG_RUN``; "edit-line" instead of "edit-new" after a line-by-line re-join. Empty when
+        there is no alignment."""
         cursor = self._cursor
         if cursor is None or k <= 0:
             return [], EDIT_KIND
@@ -126,7 +148,7 @@ class EditTracker:
             at = self._lost.source_at
             guess = (self.tokens[at - 1], self.tokens[at], self.tokens[self._lost.reply_at])
             return self._continuation(cursor, k, guess), f"{EDIT_KIND}-step"
-        return self._continuation(cursor, k), _run_kind(cursor.run)
+        return self._continuation(cursor, k), _run_kind(cursor)
 
     def _continuation(self, cursor: _Cursor, k: int,
                       guess: tuple[int, int, int] | None = None) -> list[int]:
@@ -221,13 +243,32 @@ class EditTracker:
         if self._rejoined is not None and self._cursor is not None and self._cursor.run == 0:
             self._lost, self._rejoined = self._rejoined, None  # that re-join was a coincidence
             return
-        settled = self._cursor is not None and self._cursor.run >= CONFIDENT_RUN
-        self._lost = _Divergence(source_at, reply_at, source_at + self.window, settled)
+        run = self._cursor.run if self._cursor is not None else 0
+        line_start = self._line_to_rejoin(source_at, reply_at) if run >= LINE_ALIGNED else None
+        self._lost = _Divergence(source_at, reply_at, source_at + self.window,
+                                 run >= CONFIDENT_RUN, line_start)
         self._cursor = _Cursor(source_at + 1)  # the one-for-one guess, for the next token
 
+    def _line_to_rejoin(self, source_at: int, reply_at: int) -> int | None:
+        """Where a reply that left the source at ``source_at`` (its own token at ``reply_at``)
+        re-joins it once it ends its line: that source line's start if both were at a line
+        start (an inserted line), else the start of the next source line within ``window``;
+        None without ``ends_line`` or a line end in reach."""
+        ends_line, tokens = self.ends_line, self.tokens
+        if ends_line is None or source_at < 1:
+            return None
+        if ends_line(tokens[source_at - 1]) and ends_line(tokens[reply_at - 1]):
+            return source_at
+        for p in range(source_at, min(source_at + self.window, reply_at)):
+            if ends_line(tokens[p]):
+                return p + 1
+        return None
+
     def _rejoin(self, token: int) -> None:
-        """A token while diverged: re-join the source where the reply's latest tokens match it,
-        keep the one-for-one guess for one token, or give up after ``patience`` tokens."""
+        """A token while diverged: re-join the source where the reply's latest tokens match it
+        (or, when the token ends the reply's line, at the line to re-join), keep the one-for-one
+        guess for one token, or give up after ``patience`` tokens (``window`` while a line to
+        re-join is known)."""
         lost, tokens = self._lost, self.tokens
         assert lost is not None
         at = len(tokens)
@@ -245,20 +286,40 @@ class EditTracker:
                 match += 1
             if match > best_match:
                 best, best_match = p, match
-        if best >= 0:
-            self._lost, self._rejoined = None, lost
-            self._cursor = _Cursor(best + 1)
-            source = tuple(tokens[lost.source_at:best + 1 - best_match])
+        if best_match < 2 and best + 1 != lost.line_start and self._ends_reply_line(token, lost):
+            assert lost.line_start is not None
+            self._rejoin_at(lost, lost.line_start, lost.line_start,
+                            (*tokens[lost.reply_at:at], token), by_line=True)
+        elif best >= 0:
             rewritten = best == lost.source_at - 1  # the reply wrote that token again
-            replacement = tuple(tokens[lost.reply_at:at + 1 - best_match + rewritten])
-            if replacement and len(source) <= MAX_SUBST and len(replacement) <= MAX_SUBST and (
-                    lost.source_at >= 2):
-                around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])
-                self._candidate = (source, replacement, around)
-        elif written >= 2 and self._acquire(token, LEAVE_MATCH if lost.settled else 0):
+            self._rejoin_at(lost, best + 1, best + 1 - best_match,
+                            tuple(tokens[lost.reply_at:at + 1 - best_match + rewritten]))
+        elif written >= 2 and self._acquire(
+                token, LEAVE_MATCH if lost.settled or lost.line_start is not None else 0):
             self._lost = None  # the reply went on with another part of the context
-        elif written > self.patience:
+        elif written > (self.window if lost.line_start is not None else self.patience):
             self._lost, self._cursor = None, None
+
+    def _rejoin_at(self, lost: _Divergence, pos: int, source_end: int,
+                   replacement: tuple[int, ...], by_line: bool = False) -> None:
+        """Re-join the source with the cursor at ``pos``; ``replacement``, what the reply wrote
+        since ``lost``, stands in place of the source up to ``source_end``: a substitution to
+        learn once the re-join is confirmed, if both are short."""
+        tokens = self.tokens
+        self._lost, self._rejoined = None, lost
+        self._cursor = _Cursor(pos, by_line=by_line)
+        source = tuple(tokens[lost.source_at:source_end])
+        if replacement and len(source) <= MAX_SUBST and len(replacement) <= MAX_SUBST and (
+                lost.source_at >= 2):
+            around = tuple(tokens[lost.source_at - 2:lost.source_at + 1])
+            self._candidate = (source, replacement, around)
+
+    def _ends_reply_line(self, token: int, lost: _Divergence) -> bool:
+        """Whether ``token`` ends the reply's line after it left the source at ``lost`` (and the
+        line-by-line re-join applies: ``lost.line_start`` is known)."""
+        written = len(self.tokens) + 1 - lost.reply_at
+        return (lost.line_start is not None and written >= 2 and self.ends_line is not None
+                and self.ends_line(token))
 
     def _acquire(self, token: int, min_match: int = 0) -> bool:
         """Place the cursor after the best earlier occurrence of the last ``acquire_n`` tokens
@@ -320,7 +381,7 @@ class EditDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         self.sync(context)
-        self.tracker.forget_substitutions()
+        self.tracker.start_reply()
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the tracker holds emitted tokens only, never drafts."""
@@ -348,9 +409,19 @@ class EditDrafter:
         return Proposal.one_hot(tokens, self.vocab_size, kind)
 
 
-def _run_kind(run: int) -> str:
-    """The kind of a proposal from a cursor that has matched ``run`` tokens since it was last
-    placed."""
-    if run >= LONG_RUN:
+def _run_kind(cursor: _Cursor) -> str:
+    """The kind of a proposal from ``cursor``, by how many tokens it has matched since it was
+    last placed and how it was placed."""
+    if cursor.run >= LONG_RUN:
         return EDIT_LONG_RUN
-    return EDIT_RUN if run >= CONFIDENT_RUN else f"{EDIT_KIND}-new"
+    if cursor.run >= CONFIDENT_RUN:
+        return EDIT_RUN
+    return EDIT_LINE if cursor.by_line else f"{EDIT_KIND}-new"
+
+
+def line_end_test(token_bytes: Callable[[int], bytes]) -> Callable[[int], bool]:
+    """Whether a token ends a line (its bytes hold a newline), remembered per token."""
+    @lru_cache(maxsize=None)
+    def ends_line(token: int) -> bool:
+        return b"\n" in token_bytes(token)
+    return ends_line

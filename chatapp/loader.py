@@ -19,6 +19,7 @@ from chatapp.config import Config
 from chatapp.auto_policy import AutoDraftLength
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength
 from chatapp.drafting import Drafter, ModelDrafter
+from chatapp.edit_drafter import line_end_test
 from chatapp.ngram import NgramDrafter, NgramModelDrafter
 from chatapp.memory import check_fits
 from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
@@ -93,7 +94,8 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     without it the suffix index covers the open conversation only."""
     if config.drafter in ("ngram", "ngram+model"):
         suffix = history_index if history_index is not None else SuffixSource(HistoryCorpus())
-        ngram = NgramDrafter(target.vocab_size, edits=edits, suffix=suffix)
+        ngram = NgramDrafter(target.vocab_size, edits=edits, suffix=suffix,
+                             ends_line=line_end_test(target.token_bytes))
     if config.drafter == "ngram":
         return ngram
     if draft is None:

@@ -159,7 +159,8 @@ class NgramDrafter:
                  lookahead: int = LONGEST_FREE_DRAFT, kind: str = NGRAM_KIND,
                  kind_by_context: bool = True, edits: bool = True,
                  edit_lookahead: int = LONGEST_FREE_DRAFT, suffix: SuffixSource | None = None,
-                 suffix_lookahead: int = LONGEST_FREE_DRAFT) -> None:
+                 suffix_lookahead: int = LONGEST_FREE_DRAFT,
+                 ends_line: Callable[[int], bool] | None = None) -> None:
         self.vocab_size = vocab_size
         self.min_n = min_n
         self.max_n = max_n
@@ -170,8 +171,9 @@ class NgramDrafter:
         self.edit_lookahead = edit_lookahead
         self.suffix = suffix
         self.suffix_lookahead = suffix_lookahead
+        self.ends_line = ends_line
         self._index = NgramIndex(min_n, max_n)
-        self._tracker = EditTracker() if edits else None
+        self._tracker = self._new_tracker()
         self._seen: Any = None  # the context object last synced (the engine appends to it)
         self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
         self._scores: list[ShadowScore] = []  # settled since the last proposal
@@ -184,7 +186,7 @@ class NgramDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         self.sync(context, score=False)
         if self._tracker is not None:
-            self._tracker.forget_substitutions()  # a new reply: its own edits
+            self._tracker.start_reply()  # a new reply: its own edits
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the sources hold emitted tokens only, never drafts."""
@@ -272,7 +274,7 @@ class NgramDrafter:
             or list(context[:known]) == index.tokens)
         if not extends:
             self._index = index = NgramIndex(self.min_n, self.max_n)
-            self._tracker = EditTracker() if self.edits else None
+            self._tracker = self._new_tracker()
             self._replays = self._new_replays(0)
             known = 0
         if known == 0 and self.suffix is not None:
@@ -293,6 +295,9 @@ class NgramDrafter:
                 self._settle(replays)
         if not score:  # nothing replayed: start replaying from here next time
             self._replays = self._new_replays(len(index))
+
+    def _new_tracker(self) -> EditTracker | None:
+        return EditTracker(ends_line=self.ends_line) if self.edits else None
 
     def _settle(self, replays: list[ShadowReplay]) -> None:
         """Keep the scores the latest token decided; the lookup's (the first) sets the streak."""

@@ -58,6 +58,18 @@ class Words:
                 for w in re.findall(r"\w+|[^\w\s]|\n", text)]
 
 
+class LineWords(Words):
+    """As ``Words``, but a newline is one token with the punctuation before it, as in BPE
+    vocabularies (Qwen's "):\n", "]:\n", '"\n'): a changed line may end with another token."""
+
+    def __call__(self, text: str) -> list[int]:
+        return [self.vocab.setdefault(w, len(self.vocab))
+                for w in re.findall(r"[^\w\s]*\n|\w+|[^\w\s]", text)]
+
+    def ends_line(self, token: int) -> bool:
+        return any(piece.endswith("\n") for piece, t in self.vocab.items() if t == token)
+
+
 def replay(propose, append, prompt: list[int], reply: list[int], k: int = 16,
            start_reply=lambda: None) -> int:
     """Greedy speculation of ``reply`` after ``prompt``: feed the prompt, ``start_reply``, then
@@ -84,7 +96,7 @@ def replay(propose, append, prompt: list[int], reply: list[int], k: int = 16,
 def edit_calls(prompt: list[int], reply: list[int]) -> int:
     tracker = EditTracker()
     return replay(lambda k: tracker.propose(k)[0], tracker.append, prompt, reply,
-                  start_reply=tracker.forget_substitutions)  # as NgramDrafter.prefill does
+                  start_reply=tracker.start_reply)  # as NgramDrafter.prefill does
 
 
 def lookup_calls(prompt: list[int], reply: list[int]) -> int:
@@ -160,6 +172,58 @@ def test_the_cursor_steps_past_a_changed_token_and_rejoins_after_an_insertion() 
     assert tracker.propose(3)[0] == []
     tracker.append(words("v")[0])  # the reply re-joins the source at v
     assert tracker.propose(3)[0] == words("w x y")
+
+
+def line_tracker(words: LineWords, prompt: str, reply: str) -> EditTracker:
+    """A line-following tracker fed ``prompt``, then (as a new reply) ``reply``."""
+    tracker = EditTracker(ends_line=words.ends_line)
+    for token in words(prompt):
+        tracker.append(token)
+    tracker.start_reply()
+    for token in words(reply):
+        tracker.append(token)
+    return tracker
+
+
+REPORT = """def report(name, score, rank):
+    line = "%s scored %d" % (name, score)
+    if rank == 1:
+        line += " and won"
+    print("Result: %s" % line)
+    return line
+"""
+
+
+def test_after_a_changed_line_the_next_source_line_is_proposed() -> None:
+    # The rewritten line ends with '"\n', which ends a later source line too: re-joining on that
+    # token alone skips two lines; following line by line proposes the line after the changed one.
+    prompt = f"Use f-strings:\n```\n{REPORT}```\n"
+    reply = '```\ndef report(name, score, rank):\n    line = f"{name} scored {score}"\n'
+    words = LineWords()
+    assert line_tracker(words, prompt, reply).propose(6) == (words("    if rank == 1:\n"),
+                                                             "edit-line")
+    tracker = EditTracker()  # token by token only: not that line
+    for token in words(prompt + reply):
+        tracker.append(token)
+    assert tracker.propose(6)[0] != words("    if rank == 1:\n")
+
+
+def test_an_inserted_line_re_joins_the_line_it_was_inserted_before() -> None:
+    # A comment added above every method but the first: as soon as the reply ends the inserted
+    # line, the source line it stands before is proposed; the insertion is then carried to the
+    # next method.
+    words = LineWords()
+    prompt = f"Comment the methods:\n```\n{CLASS}```\n"
+    head, methods = CLASS.split("    def add")
+    commented = ("    def add" + methods).replace("    def ", "    # checked.\n    def ")
+    edited = "```\n" + head + commented
+    after_insertion = edited.index("# checked.\n") + len("# checked.\n")
+    expected = words("    def add(self, x):\n")
+    tracker = line_tracker(words, prompt, edited[:after_insertion])
+    assert tracker.propose(len(expected)) == (expected, "edit-line")
+    tracker = line_tracker(words, prompt, edited.split("    # checked.\n    def size")[0])
+    expected = words("    # checked.\n    def size(self):\n")
+    assert tracker.propose(len(expected))[0] == expected
 
 
 def test_the_kind_tells_how_long_the_cursor_has_been_following() -> None:

@@ -7,7 +7,8 @@ import io
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.bench.verify_costs import VerifyCost, measure_verify_costs, print_verify_costs
+from chatapp.bench.verify_costs import (VerifyCost, full_acceptance_ceiling, measure_verify_costs,
+                                        print_verify_costs)
 
 
 class SteppedBackend(FakeBackend):
@@ -44,3 +45,15 @@ def test_table_relates_each_size_to_one_token() -> None:
     lines = out.getvalue().splitlines()
     assert lines[1].split() == ["1", "30.0", "1.00", "30.0", "1.00x"]
     assert lines[2].split() == ["16", "240.0", "8.00", "15.0", "2.00x"]
+
+
+def test_the_ceiling_is_the_size_with_most_tokens_per_one_token_time() -> None:
+    out = io.StringIO()
+    costs = [VerifyCost(1, 0.030), VerifyCost(16, 0.240), VerifyCost(17, 0.300),
+             VerifyCost(32, 0.400)]
+    print_verify_costs(out, costs)
+    assert full_acceptance_ceiling(costs) == (32, pytest.approx(2.4))
+    assert out.getvalue().splitlines()[-1] == (
+        "Even with every draft token accepted, no step beats 2.40x plain decoding here "
+        "(n = 32, of the sizes timed).")
+    assert full_acceptance_ceiling([VerifyCost(16, 0.240)]) is None

@@ -5,7 +5,9 @@ needs logits at every one of them. On a CPU that cost is not a smooth curve of n
 batched kernels work in blocks: on the README's 2-core EPYC 16 tokens cost less than 15), and it
 is what the ``auto`` policy learns per n while it runs. This command measures the whole curve at
 once, the way the engine evaluates: after a chat prompt, n tokens with logits for every
-position, the cache truncated back after each timing; the median of ``REPEATS`` timings.
+position, the cache truncated back after each timing; the median of ``REPEATS`` timings. It
+also times a few batches longer than any draft ``auto`` makes (``LONGER_SIZES``), and says which
+size would gain most if every draft token were accepted: the most any speculation can give here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from chatapp.drafting import LONGEST_FREE_DRAFT, evaluate_sequence
 from chatapp.loader import load_backend
 
 REPEATS = 5
+LONGER_SIZES = (24, 32, 48, 64)  # beyond the longest draft: what longer drafts could give at best
 
 
 @dataclass(frozen=True)
@@ -63,19 +66,34 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
         relative = f"{cost.seconds / one:10.2f}" if one else f"{'-':>10}"
         ceiling = f"{cost.tokens * one / cost.seconds:12.2f}x" if one else f"{'-':>13}"
         out.write(f"{cost.tokens:3d} {ms:8.1f} {relative} {ms / cost.tokens:9.1f} {ceiling}\n")
+    best = full_acceptance_ceiling(costs)
+    if best is not None:
+        out.write(f"Even with every draft token accepted, no step beats {best[1]:.2f}x plain "
+                  f"decoding here (n = {best[0]}, of the sizes timed).\n")
+
+
+def full_acceptance_ceiling(costs: Sequence[VerifyCost]) -> tuple[int, float] | None:
+    """The size whose step yields most tokens per one-token time when all of it is accepted,
+    and that speedup (None without a one-token timing)."""
+    one = next((c.seconds for c in costs if c.tokens == 1), None)
+    if not one:
+        return None
+    best = max(costs, key=lambda c: c.tokens / c.seconds)
+    return best.tokens, best.tokens * one / best.seconds
 
 
 def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None = None,
                          log: TextIO | None = None) -> int:
-    """Load the target, measure n = 1..``LONGEST_FREE_DRAFT`` + 1 after ``prompt`` (as a chat
-    turn), print the table."""
+    """Load the target, measure n = 1..``LONGEST_FREE_DRAFT`` + 1 and ``LONGER_SIZES`` after
+    ``prompt`` (as a chat turn), print the table."""
     out = out or sys.stdout
     log = log or sys.stderr
     target = load_backend(config.target, "target", config)
     try:
         context = target.chat_prompt([ChatMessage("user", prompt.text)])
-        sizes = range(1, LONGEST_FREE_DRAFT + 2)
-        feed = (context * (1 + len(sizes) // max(len(context), 1)))[:len(sizes)]
+        sizes = [*range(1, LONGEST_FREE_DRAFT + 2), *LONGER_SIZES]
+        longest = max(sizes)
+        feed = (context * (1 + longest // max(len(context), 1)))[:longest]
         print(f"Verification costs of {target.name}, {target.threads} threads, after "
               f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}:", file=log)
         print_verify_costs(out, measure_verify_costs(target, context, feed, sizes))

@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "llama-bench and llama-speculative-simple from DIR on the same prompts and "
                       "print one comparison table")
     mode.add_argument("--verify-costs", action="store_true", help="time the target verifying "
-                      "n = 1..17 tokens (the cost curve the auto policy learns) and 24-64 after the "
-                      "first chosen prompt, and the most a fully accepted step could gain")
+                      "n = 1..32, 48 and 64 tokens after the first chosen prompt (the cost curve "
+                      "the auto policy learns), and the most a fully accepted step could gain")
     _add_rpc_server_parser(commands)
     return parser
 

@@ -6,6 +6,9 @@ target call at a fixed K, deterministic, no model evaluated (a busy machine cann
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
 Each prompt is re-tokenized with the target's chat template (the model file is opened, not run).
+A ``specchat bench --conversation --json`` file is replayed turn by turn, each turn's prompt the
+whole conversation before it, its reply the target-only reply re-tokenized; the last row is then
+the whole conversation.
 At every step the drafter proposes up to K tokens, the longest prefix that matches the reply is
 accepted and the reply's next token follows, as greedy verification would do. ``--history``
 puts the other prompts' chats in the suffix index first (the user's earlier chats). ``--trace``
@@ -75,6 +78,23 @@ def ceiling_speedup(steps: Sequence[int], costs: Sequence[float]) -> float:
     return sum(steps) * costs[0] / sum(costs[n - 1] for n in steps)
 
 
+def conversation_chats(target: Backend, system: list[ChatMessage],
+                       data: dict) -> dict[str, tuple[list[int], list[int]]]:
+    """Per turn of a ``bench --conversation`` file: the prompt (the conversation so far through
+    the chat template) and the target-only reply, re-tokenized."""
+    messages, chats = list(system), {}
+    for turn, (text, reply) in enumerate(zip(data["conversation"]["turns"], data["replies"]), 1):
+        messages.append(ChatMessage("user", text))
+        chats[f"turn {turn}"] = (target.chat_prompt(messages), target.tokenize(reply))
+        messages.append(ChatMessage("assistant", reply))
+    return chats
+
+
+def _measure(steps: Sequence[int], costs: Sequence[float] | None) -> float:
+    """The ceiling speedup of ``steps`` with ``costs``, else their tokens per target call."""
+    return ceiling_speedup(steps, costs) if costs else sum(steps) / len(steps)
+
+
 def _piece(target: Backend) -> Callable[[int], str]:
     return lambda token: target.token_bytes(token).decode("utf-8", "replace")
 
@@ -95,14 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     target = load_backend(config.target, "target", config)
     texts = {p.id: p.text for p in load_prompts()}
     system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
-    rows = [r for r in json.loads(args.bench_json.read_text())["rows"] if r["config"] == "target"]
-    chats = {r["prompt"]: (target.chat_prompt(system + [ChatMessage("user", texts[r["prompt"]])]),
-                           r["output"]) for r in rows if r["prompt"] in texts}
+    data = json.loads(args.bench_json.read_text())
+    if "conversation" in data:
+        chats = conversation_chats(target, system, data)
+    else:
+        rows = [r for r in data["rows"] if r["config"] == "target"]
+        chats = {r["prompt"]: (target.chat_prompt(system + [ChatMessage("user", texts[r["prompt"]])]),
+                               r["output"]) for r in rows if r["prompt"] in texts}
     ks = [int(k) for k in args.k.split(",")]
     if costs is not None and max(ks) >= len(costs):
         parser.error(f"--costs needs {max(ks) + 1} sizes for K = {max(ks)}")
     measure = "ceiling x plain" if costs else "tokens per call"
     print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks) + f"  ({measure})")
+    all_steps: list[list[int]] = [[] for _ in ks]
     for name, (prompt, reply) in chats.items():
         per_call = []
         for i, k in enumerate(ks):
@@ -115,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                                    ends_line=line_end_test(target.token_bytes))
             traced = args.trace == name and i == 0
             steps = replay(drafter, prompt, reply, k, _piece(target) if traced else None, costs)
-            per_call.append(ceiling_speedup(steps, costs) if costs else len(reply) / len(steps))
+            all_steps[i].extend(steps)
+            per_call.append(_measure(steps, costs))
         print(f"{name:<20}" + "".join(f"{v:8.2f}" for v in per_call))
+    if "conversation" in data:
+        print(f"{'conversation':<20}" + "".join(f"{_measure(s, costs):8.2f}" for s in all_steps))
     target.close()
     return 0
 

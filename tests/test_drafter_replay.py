@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.drafter_replay import ceiling_speedup, replay
+from chatapp.backends.base import ChatMessage
+from chatapp.backends.fake import FakeBackend
+from chatapp.drafter_replay import ceiling_speedup, conversation_chats, replay
 from chatapp.ngram import NgramDrafter
 
 
@@ -30,3 +32,19 @@ def test_the_oracle_cuts_each_draft_where_it_pays_best() -> None:
     assert steps == [1] + [4] * 7 + [1]
     assert ceiling_speedup(steps, costs) == pytest.approx(30 / 9)
     assert replay(NgramDrafter(64), prompt, quoted, k=8)[1] == 9  # without: 8 drafts and 1
+
+
+def test_a_conversation_is_replayed_turn_by_turn_with_the_whole_chat_before_each() -> None:
+    target = FakeBackend()
+    data = {"conversation": {"turns": ["write it", "change it"]},
+            "replies": ["the code", "the new code"]}
+    system = [ChatMessage("system", "be brief")]
+    chats = conversation_chats(target, system, data)
+    assert list(chats) == ["turn 1", "turn 2"]
+    assert chats["turn 1"] == (target.chat_prompt(system + [ChatMessage("user", "write it")]),
+                               target.tokenize("the code"))
+    second_prompt, second_reply = chats["turn 2"]
+    assert second_prompt == target.chat_prompt(system + [
+        ChatMessage("user", "write it"), ChatMessage("assistant", "the code"),
+        ChatMessage("user", "change it")])
+    assert second_reply == target.tokenize("the new code")

@@ -6,8 +6,10 @@ batched kernels work in blocks: on the README's 2-core EPYC 16 tokens cost less 
 is what the ``auto`` policy learns per n while it runs. This command measures the whole curve at
 once, the way the engine evaluates: after a chat prompt, n tokens with logits for every
 position, the cache truncated back after each timing; the median of ``REPEATS`` timings. It
-also times a few batches longer than any draft ``auto`` makes (``LONGER_SIZES``), and says which
-size would gain most if every draft token were accepted: the most any speculation can give here.
+times every n up to twice the longest draft ``auto`` makes, and a few longer batches
+(``LONGER_SIZES``), says which size would gain most if every draft token were accepted (the most
+any speculation can give here) and prints the consecutive costs as ``drafter_replay``'s
+``--costs``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from chatapp.drafting import LONGEST_FREE_DRAFT, evaluate_sequence
 from chatapp.loader import load_backend
 
 REPEATS = 5
-LONGER_SIZES = (24, 32, 48, 64)  # beyond the longest draft: what longer drafts could give at best
+LONGER_SIZES = (48, 64)  # beyond every n up to 2 x the longest draft: what long drafts could give
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
     if best is not None:
         out.write(f"Even with every draft token accepted, no step beats {best[1]:.2f}x plain "
                   f"decoding here (n = {best[0]}, of the sizes timed).\n")
+    consecutive = [c for i, c in enumerate(costs, 1) if c.tokens == i]
+    if consecutive:
+        out.write("For python -m chatapp.drafter_replay: --costs "
+                  + ",".join(f"{c.seconds * 1000:.1f}" for c in consecutive) + "\n")
 
 
 def full_acceptance_ceiling(costs: Sequence[VerifyCost]) -> tuple[int, float] | None:
@@ -84,14 +90,14 @@ def full_acceptance_ceiling(costs: Sequence[VerifyCost]) -> tuple[int, float] | 
 
 def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None = None,
                          log: TextIO | None = None) -> int:
-    """Load the target, measure n = 1..``LONGEST_FREE_DRAFT`` + 1 and ``LONGER_SIZES`` after
+    """Load the target, measure n = 1..2 x ``LONGEST_FREE_DRAFT`` and ``LONGER_SIZES`` after
     ``prompt`` (as a chat turn), print the table."""
     out = out or sys.stdout
     log = log or sys.stderr
     target = load_backend(config.target, "target", config)
     try:
         context = target.chat_prompt([ChatMessage("user", prompt.text)])
-        sizes = [*range(1, LONGEST_FREE_DRAFT + 2), *LONGER_SIZES]
+        sizes = [*range(1, 2 * LONGEST_FREE_DRAFT + 1), *LONGER_SIZES]
         longest = max(sizes)
         feed = (context * (1 + longest // max(len(context), 1)))[:longest]
         print(f"Verification costs of {target.name}, {target.threads} threads, after "

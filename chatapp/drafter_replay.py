@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if "conversation" in data:
         chats = conversation_chats(target, system, data)
     else:
-        rows = [r for r in data["rows"] if r["config"] == "target"]
-        chats = {r["prompt"]: (target.chat_prompt(system + [ChatMessage("user", texts[r["prompt"]])]),
-                               r["output"]) for r in rows if r["prompt"] in texts}
+        rows = [r for r in data["rows"] if r["config"] == "target" and r["prompt"] in texts]
+        asked = {r["prompt"]: [*system, ChatMessage("user", texts[r["prompt"]])] for r in rows}
+        chats = {r["prompt"]: (target.chat_prompt(asked[r["prompt"]]), r["output"]) for r in rows}
     ks = [int(k) for k in args.k.split(",")]
     if costs is not None and max(ks) >= len(costs):
         parser.error(f"--costs needs {max(ks) + 1} sizes for K = {max(ks)}")

@@ -111,12 +111,16 @@ def main(argv: list[str] | None = None) -> int:
                         "instead (an oracle cuts every proposal where it pays best)")
     args = parser.parse_args(argv)
     costs = [float(ms) / 1000 for ms in args.costs.split(",")] if args.costs else None
+    data = json.loads(args.bench_json.read_text())
+    conversation = "conversation" in data
+    if conversation and args.history:
+        parser.error("--history puts other chats in the index; a conversation's other turns "
+                     "are in its own prompts already")
     config = dataclasses.replace(Config(), n_ctx=2048, threads=1)
     target = load_backend(config.target, "target", config)
     texts = {p.id: p.text for p in load_prompts()}
     system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
-    data = json.loads(args.bench_json.read_text())
-    if "conversation" in data:
+    if conversation:
         chats = conversation_chats(target, system, data)
     else:
         rows = [r for r in data["rows"] if r["config"] == "target" and r["prompt"] in texts]
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             all_steps[i].extend(steps)
             per_call.append(_measure(steps, costs))
         print(f"{name:<20}" + "".join(f"{v:8.2f}" for v in per_call))
-    if "conversation" in data:
+    if conversation:
         print(f"{'conversation':<20}" + "".join(f"{_measure(s, costs):8.2f}" for s in all_steps))
     target.close()
     return 0

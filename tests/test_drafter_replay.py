@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from chatapp.backends.base import ChatMessage
 from chatapp.backends.fake import FakeBackend
-from chatapp.drafter_replay import ceiling_speedup, conversation_chats, replay
+from chatapp.drafter_replay import ceiling_speedup, conversation_chats, main, replay
 from chatapp.ngram import NgramDrafter
 
 
@@ -48,3 +50,12 @@ def test_a_conversation_is_replayed_turn_by_turn_with_the_whole_chat_before_each
         ChatMessage("user", "write it"), ChatMessage("assistant", "the code"),
         ChatMessage("user", "change it")])
     assert second_reply == target.tokenize("the new code")
+
+
+def test_history_is_refused_for_a_conversation_before_a_model_loads(tmp_path, capsys) -> None:
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps({"conversation": {"turns": ["a"]}, "replies": ["b"]}))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path), "--history"])
+    assert exit_info.value.code == 2
+    assert "--history" in capsys.readouterr().err

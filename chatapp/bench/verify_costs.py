@@ -61,7 +61,7 @@ def measure_verify_costs(target: Backend, context: Sequence[int], feed: Sequence
 def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
     """The table: n, ms, x one token, ms per token, tokens per one-token time at full
     acceptance (the most a step of that size can yield against plain decoding)."""
-    one = next((c.seconds for c in costs if c.tokens == 1), None)
+    one = _one_token_seconds(costs)
     out.write(f"{'n':>3} {'ms':>8} {'x 1 token':>10} {'ms/token':>9} {'best speedup':>13}\n")
     for cost in costs:
         ms = cost.seconds * 1000
@@ -81,11 +81,16 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
 def full_acceptance_ceiling(costs: Sequence[VerifyCost]) -> tuple[int, float] | None:
     """The size whose step yields most tokens per one-token time when all of it is accepted,
     and that speedup (None without a one-token timing)."""
-    one = next((c.seconds for c in costs if c.tokens == 1), None)
+    one = _one_token_seconds(costs)
     if not one:
         return None
     best = max(costs, key=lambda c: c.tokens / c.seconds)
     return best.tokens, best.tokens * one / best.seconds
+
+
+def _one_token_seconds(costs: Sequence[VerifyCost]) -> float | None:
+    """The timing of one token, the plain decoding step every size is weighed against."""
+    return next((c.seconds for c in costs if c.tokens == 1), None)
 
 
 def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None = None,

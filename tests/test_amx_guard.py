@@ -1,6 +1,7 @@
-"""Keeping llama.cpp off its AMX kernels (llama.cpp issue 20824): the decision on faked CPU and
-build features, the seccomp filter that refuses ggml the AMX permission, the wiring into the
-llama.cpp backend, and the note the user gets once."""
+"""Keeping llama.cpp off its AMX kernels where the build would crash (llama.cpp issue 20824): the
+decision on faked CPU and build features and probe verdicts, the probe in a child process and its
+memory, the seccomp filter that refuses ggml the AMX permission, the wiring into the llama.cpp
+backend, and the note the user gets once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.backends import amx_guard
+from chatapp.backends import amx_guard, amx_probe
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.amx_guard import Guard, build_has_amx, cpu_flags, plan_guard
 
@@ -21,16 +22,33 @@ AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPEN
 NO_AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | OPENMP = 1 | REPACK = 1 | "
 
 
-@pytest.mark.parametrize("flags, info, can_filter, expected", [
-    (SAPPHIRE_RAPIDS, AMX_BUILD, True, Guard.DENY_PERMISSION),
-    (SAPPHIRE_RAPIDS, AMX_BUILD, False, Guard.NO_EXTRA_BUFFERS),
-    (SAPPHIRE_RAPIDS, NO_AMX_BUILD, True, Guard.NONE),  # the README's build
-    (EPYC, AMX_BUILD, True, Guard.NONE),  # a build with AMX on a CPU without it
-    (EPYC, NO_AMX_BUILD, True, Guard.NONE),
-    (SAPPHIRE_RAPIDS - {"amx_int8"}, AMX_BUILD, True, Guard.NONE),
+@pytest.mark.parametrize("flags, info, can_filter, safe, expected", [
+    (SAPPHIRE_RAPIDS, AMX_BUILD, True, False, Guard.DENY_PERMISSION),  # GCC 12, no fix
+    (SAPPHIRE_RAPIDS, AMX_BUILD, False, False, Guard.NO_EXTRA_BUFFERS),
+    (SAPPHIRE_RAPIDS, AMX_BUILD, True, True, Guard.NONE),  # the README's build: AMX on
+    (SAPPHIRE_RAPIDS, NO_AMX_BUILD, True, False, Guard.NONE),  # AMX compiled out
+    (EPYC, AMX_BUILD, True, False, Guard.NONE),  # a build with AMX on a CPU without it
+    (EPYC, NO_AMX_BUILD, True, False, Guard.NONE),
+    (SAPPHIRE_RAPIDS - {"amx_int8"}, AMX_BUILD, True, False, Guard.NONE),
 ])
-def test_the_guard_is_planned_from_cpu_and_build(flags, info, can_filter, expected) -> None:
-    assert plan_guard(flags, info, can_filter) is expected
+def test_the_guard_is_planned_from_cpu_build_and_probe(flags, info, can_filter, safe,
+                                                       expected) -> None:
+    asked = []
+
+    def probe() -> bool:
+        asked.append(True)
+        return safe
+
+    assert plan_guard(flags, info, can_filter, probe) is expected
+    # the probe runs only where a crash is possible at all
+    assert bool(asked) == amx_guard.cpu_and_build_have_amx(flags, info)
+
+
+def test_amx_can_be_switched_off_by_the_environment() -> None:
+    assert amx_guard.forced_off({"SPECCHAT_AMX": "off"})
+    assert amx_guard.forced_off({"SPECCHAT_AMX": " OFF "})
+    assert not amx_guard.forced_off({"SPECCHAT_AMX": "on"})
+    assert not amx_guard.forced_off({})
 
 
 def test_build_features_are_read_from_llama_cpps_system_info() -> None:
@@ -52,7 +70,6 @@ def test_the_note_names_the_fix() -> None:
     for guard in (Guard.DENY_PERMISSION, Guard.NO_EXTRA_BUFFERS):
         note = amx_guard.guard_note(guard)
         assert "20824" in note and FULL_BUILD_COMMAND in note
-    assert "-mno-amx-int8" in FULL_BUILD_COMMAND and "--no-cache-dir" in FULL_BUILD_COMMAND
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
@@ -64,7 +81,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_filter_refuses_the_amx_permission_to_every_thread_and_child() -> None:
     result = run_python("""
 import errno, subprocess, sys, threading
-from chatapp.backends import amx_guard
+from chatapp.backends import amx_guard, amx_probe
 before = amx_guard.request_amx_permission()
 assert amx_guard.deny_amx_permission()
 seen = []
@@ -95,12 +112,14 @@ import errno
 from chatapp.backends import amx_guard, llama_cpp as backend_module
 amx_guard.cpu_flags = lambda: frozenset({{"amx_tile", "amx_int8"}})
 amx_guard.build_has_amx = lambda info: True
+backend_module.amx_probe.amx_is_safe = lambda library_dir: False  # as a build without the fix
 backend = backend_module.LlamaCppBackend({str(path)!r}, n_ctx=256)
 assert backend_module._guard is amx_guard.Guard.DENY_PERMISSION, backend_module._guard
 assert amx_guard.request_amx_permission() == errno.EPERM
 assert backend.evaluate(backend.tokenize("one two three four five six"), 3).shape[0] == 3
 notes = backend_module.runtime_notes()
-assert len(notes) == 1 and "same speed" in notes[0], notes
+assert len(notes) == 1 and "crash" in notes[0] and "llama_build" in notes[0], notes
+assert not backend_module.amx_in_use()
 print("ok")
 """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
@@ -116,3 +135,69 @@ def test_without_a_filter_models_load_without_extra_buffers(monkeypatch) -> None
     assert backend._model_params(0, False, True).use_extra_bufts is False
     monkeypatch.setattr(backend_module, "_guard", Guard.NONE)
     assert backend._model_params(0, False, True).use_extra_bufts is True
+
+
+# -- the probe ---------------------------------------------------------------------------------
+
+def fake_child(tmp_path: Path, body: str) -> list[str]:
+    script = tmp_path / "child.py"
+    script.write_text("import os, signal, sys\n" + body + "\n")
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.parametrize("body, verdict", [
+    ("print('ok')", amx_probe.Verdict.SAFE),
+    ("os.kill(os.getpid(), signal.SIGSEGV)", amx_probe.Verdict.CRASHES),
+    ("os.kill(os.getpid(), signal.SIGILL)", amx_probe.Verdict.CRASHES),
+    ("sys.exit('the probe model did not load')", amx_probe.Verdict.UNKNOWN),
+    ("import time; time.sleep(30)", amx_probe.Verdict.UNKNOWN),
+])
+def test_the_probe_reads_what_became_of_its_child(tmp_path: Path, body, verdict) -> None:
+    child = fake_child(tmp_path, body)
+    assert amx_probe.run_probe(tmp_path / "model.gguf", timeout_s=5, child=child) is verdict
+
+
+def test_a_clear_verdict_is_remembered_per_build_and_an_unclear_one_is_not(tmp_path) -> None:
+    memory = tmp_path / "state" / "amx-probe.json"
+    assert amx_probe.recalled_verdict("build-a", memory) is None
+    amx_probe.remember_verdict("build-a", amx_probe.Verdict.CRASHES, memory)
+    amx_probe.remember_verdict("build-b", amx_probe.Verdict.SAFE, memory)
+    amx_probe.remember_verdict("build-c", amx_probe.Verdict.UNKNOWN, memory)
+    assert amx_probe.recalled_verdict("build-a", memory) is amx_probe.Verdict.CRASHES
+    assert amx_probe.recalled_verdict("build-b", memory) is amx_probe.Verdict.SAFE
+    assert amx_probe.recalled_verdict("build-c", memory) is None
+    memory.write_text("{not json")
+    assert amx_probe.recalled_verdict("build-a", memory) is None
+
+
+def test_a_rebuilt_library_is_probed_again(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libggml-cpu.so").write_bytes(b"one build")
+    first = amx_probe.build_key(lib)
+    assert amx_probe.build_key(lib) == first
+    (lib / "libggml-cpu.so").write_bytes(b"another build")
+    assert amx_probe.build_key(lib) != first
+
+
+def test_the_probe_runs_once_per_build(tmp_path: Path, monkeypatch) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libllama.so").write_bytes(b"x")
+    runs = []
+    monkeypatch.setattr(amx_probe, "probe_model_path", lambda: tmp_path / "model.gguf")
+    monkeypatch.setattr(amx_probe, "run_probe",
+                        lambda model: runs.append(model) or amx_probe.Verdict.CRASHES)
+    assert not amx_probe.amx_is_safe(lib)
+    assert not amx_probe.amx_is_safe(lib)
+    assert len(runs) == 1
+
+
+def test_the_installed_build_passes_the_real_probe() -> None:
+    """The probe model loads and a batch evaluates in a child (through the AMX tiles where the
+    CPU and the build have them: the README's build carries the fix)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    verdict = amx_probe.run_probe(amx_probe.probe_model_path())
+    assert verdict is amx_probe.Verdict.SAFE
+    info = llama_cpp.llama_print_system_info().decode()
+    print("AMX in this build and CPU:", amx_guard.cpu_and_build_have_amx(cpu_flags(), info))

@@ -1,21 +1,24 @@
-"""Keep llama.cpp off its AMX kernels, which crash on Intel Xeons with AMX (llama.cpp issue 20824).
+"""Keep llama.cpp off its AMX kernels where this build would crash on them (llama.cpp issue 20824).
 
 A llama.cpp built with ``-march=native`` on a CPU with AMX compiles ggml's AMX matrix kernels; at
 model load ggml asks the kernel for permission to use the AMX tile registers
 (``arch_prctl(ARCH_REQ_XCOMP_PERM)``), and where that succeeds it puts quantised weights in an "AMX"
-buffer whose kernels segfault on the first batched evaluation. Where permission is refused, ggml
-skips that buffer and uses its regular CPU repack, which is as fast here.
+buffer. Compiled by GCC 12 without the fix of ``chatapp.backends.llama_build``, those kernels
+fault on the first batched evaluation; with it they verify batches several times faster. Which
+build this is, a probe in a child process finds out once per build (``chatapp.backends.amx_probe``).
+Where permission is refused, ggml skips the AMX buffer and uses its regular CPU repack.
 
-``plan_guard`` decides from the CPU's flags and the build's feature list what to do:
+``plan_guard`` decides from the CPU's flags, the build's feature list and the probe's verdict:
 
-- ``Guard.NONE``: the CPU or the build has no AMX; nothing to do.
+- ``Guard.NONE``: the CPU or the build has no AMX, or the build's AMX kernels are safe here.
 - ``Guard.DENY_PERMISSION``: a seccomp filter makes ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` fail with
-  EPERM for this process and its children (Linux x86-64), before any model is loaded. Full speed.
+  EPERM for this process and its children (Linux x86-64), before any model is loaded.
 - ``Guard.NO_EXTRA_BUFFERS``: where no filter can be installed, models load with
   ``use_extra_bufts = false`` (no AMX buffer and no repack: about 20% slower decoding, no crash).
 
-Either way the user is told once, with the command that builds llama-cpp-python without the AMX
-kernels (``FULL_BUILD_COMMAND``). Only the llama.cpp path applies it; PyTorch keeps AMX unless a llama.cpp
+A guarded user is told once, with the command that builds llama-cpp-python with the fix
+(``FULL_BUILD_COMMAND``). ``SPECCHAT_AMX=off`` in the environment guards whatever the build (to
+compare the two paths). Only the llama.cpp path applies it; PyTorch keeps AMX unless a llama.cpp
 model is loaded in the same process.
 """
 
@@ -25,6 +28,7 @@ import ctypes
 import enum
 import errno
 import platform
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
@@ -74,11 +78,23 @@ def build_has_amx(system_info: str) -> bool:
     return features.get("AMX_INT8") == "1"
 
 
-def plan_guard(flags: frozenset[str], system_info: str, can_filter: bool) -> Guard:
-    """What keeps this process off the AMX kernels (see the module notes)."""
-    if not _AMX_CPU_FLAGS <= flags or not build_has_amx(system_info):
+def cpu_and_build_have_amx(flags: frozenset[str], system_info: str) -> bool:
+    """Whether the CPU runs AMX and the build (``llama_print_system_info()``) compiled it in."""
+    return _AMX_CPU_FLAGS <= flags and build_has_amx(system_info)
+
+
+def plan_guard(flags: frozenset[str], system_info: str, can_filter: bool,
+               amx_safe: Callable[[], bool]) -> Guard:
+    """What keeps this process off the AMX kernels (see the module notes). ``amx_safe`` (the
+    probe) is asked only where both the CPU and the build have AMX."""
+    if not cpu_and_build_have_amx(flags, system_info) or amx_safe():
         return Guard.NONE
     return Guard.DENY_PERMISSION if can_filter else Guard.NO_EXTRA_BUFFERS
+
+
+def forced_off(environ: Mapping[str, str]) -> bool:
+    """Whether the user asked for AMX off (``SPECCHAT_AMX=off``)."""
+    return environ.get("SPECCHAT_AMX", "").strip().lower() == "off"
 
 
 def can_filter_syscalls() -> bool:
@@ -141,11 +157,10 @@ def guard_note(guard: Guard) -> str | None:
     """What to tell the user about ``guard`` (None: nothing happened)."""
     if guard is Guard.NONE:
         return None
-    done = ("specchat turned them off for this process (same speed)"
-            if guard is Guard.DENY_PERMISSION else
+    done = ("specchat keeps llama.cpp off them, and verifying several tokens at once costs more "
+            "than it would with them" if guard is Guard.DENY_PERMISSION else
             "specchat loads models without llama.cpp's weight repacking to avoid them "
             "(about 20% slower)")
-    return ("This CPU has AMX and this llama-cpp-python build has llama.cpp's AMX kernels, which "
-            f"crash on it (llama.cpp issue 20824); {done}. To get a build without them: "
-            f"{FULL_BUILD_COMMAND}")
+    return ("This llama-cpp-python build's AMX kernels crash on this CPU (llama.cpp issue 20824, "
+            f"GCC 12 without the fix); {done}. To build it with the fix: {FULL_BUILD_COMMAND}")
 

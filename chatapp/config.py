@@ -47,6 +47,7 @@ class Config:
     gpu_layers: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    layout: str = "auto"  # weight layout of catalog models: fastest faithful, shipped, or fast
     rpc: tuple[str, ...] = ()  # "host:port" of RPC servers that hold the target's layers
     tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from chatapp.backends.base import Backend, ChatMessage
-from chatapp.catalog import resolve_model
+from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
+from chatapp.catalog import CATALOG, resolve_model
 from chatapp.config import Config
 from chatapp.auto_policy import AutoDraftLength
 from chatapp.draft_policy import DraftPolicy, FixedDraftLength
@@ -46,6 +47,8 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
     path = resolve_model(model, assembling)
     if role == "target" and config.rpc:
         return _load_remote_target(path, model, config, progress)
+    if backend == "llama":
+        path = runnable_layout(model, role, path, config, progress)
     if not config.device.startswith("cuda"):
         check_fits([path], backend, config.dtype if config.dtype != "auto" else "float32")
     progress(f"Loading {role} model {model}", None)
@@ -58,6 +61,30 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
     return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,
                            gpu_layers=config.gpu_layers)
+
+
+def layout_plan(model: str, role: str, config: Config) -> LayoutPlan:
+    """The weight layout ``model`` (an alias or a path) runs in as ``role`` on llama.cpp here."""
+    from chatapp.backends.llama_cpp import amx_in_use
+
+    spec = CATALOG.get(model)
+    return plan_layout(spec.layouts(role) if spec else None, LayoutSetting(config.layout),
+                       amx_in_use())
+
+
+def runnable_layout(model: str, role: str, path: Path, config: Config,
+                    progress: LoadProgress = _quiet) -> Path:
+    """The file of ``layout_plan``'s layout, prepared from ``path`` (the shipped file) once."""
+    plan = layout_plan(model, role, config)
+    if plan.layout is None:
+        return path
+    name = plan.layout.name
+
+    def preparing(done: int, total: int) -> None:
+        progress(f"Preparing the {name} layout of the {role} model (once)",
+                 done / total if total else None)
+
+    return prepare_layout(path, plan.layout, preparing)
 
 
 def _load_remote_target(path: Path, model: str, config: Config,

@@ -24,6 +24,7 @@ BACKENDS = ("llama", "hf")
 DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LAYOUTS = ("auto", "shipped", "fast")
 
 
 class OptionError(ValueError):
@@ -157,6 +158,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("threads", int, at_least(1)),
     Option("gpu_layers", int),
     Option("dtype", str, one_of(DTYPES, "auto, float32, bfloat16 or float16"), DTYPES),
+    Option("layout", str, one_of(LAYOUTS, "auto, shipped or fast"), LAYOUTS),
     Option("device", str, Rule("auto, cpu or cuda[:N]", _is_device)),
     Option("rpc", str, items='strings "host:port"'),
     Option("tensor_split", float, items="numbers, one per RPC device"),

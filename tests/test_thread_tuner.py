@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatapp.thread_tuner import AdaptiveThreads, FixedThreads, candidate_counts
+from chatapp.thread_tuner import (AdaptiveThreads, FixedThreads, candidate_counts, first_count,
+                                  make_thread_choice)
 
 
 def two_cores(threads: int, busy: bool) -> float:
@@ -38,11 +39,11 @@ def simulate(choice, cost, phases, seed: int, sizes=(1,), noise: float = 0.08
     for busy, steps in phases:
         spent = 0.0
         for step in range(steps):
-            n = sizes[step % len(sizes)]
-            threads = choice.choose(n)
-            seconds = cost(threads, busy) * (1 + 0.15 * (n - 1)) * rng.lognormal(0, noise)
-            choice.observe(threads, n, seconds)
-            spent += seconds
+            for n in choice.chunks(sizes[step % len(sizes)]):
+                threads = choice.choose(n)
+                seconds = cost(threads, busy) * (1 + 0.15 * (n - 1)) * rng.lognormal(0, noise)
+                choice.observe(threads, n, seconds)
+                spent += seconds
         per_phase.append(spent)
     return sum(per_phase), per_phase
 
@@ -139,3 +140,82 @@ def test_the_factory_fixes_a_given_count_and_adapts_otherwise() -> None:
     assert isinstance(make_thread_choice(None, 8), AdaptiveThreads)
     fixed = make_thread_choice(None, 8, adaptive=False)
     assert isinstance(fixed, FixedThreads) and fixed.current == 8
+
+
+# -- a fresh start on a machine that is already busy ------------------------------------------
+
+REPLY = (150,) + (1,) * 64  # a fresh start's reply: the prompt in one evaluation, then 64 tokens
+
+
+def reply_time(choice, busy: bool, seed: int) -> float:
+    return simulate(choice, two_cores, [(busy, len(REPLY))], seed, REPLY)[0]
+
+
+def best_fixed_reply(busy: bool, seed: int) -> float:
+    return min(reply_time(FixedThreads(t), busy, seed) for t in (1, 2))
+
+
+@pytest.mark.parametrize("cores, others_busy, expected", [
+    (2, None, 2), (2, 0.05, 2), (2, 0.4, 2), (2, 0.9, 1), (2, 1.0, 1), (2, 2.5, 1),
+    (8, 1.0, 7), (8, 3.2, 4), (1, 0.0, 1),
+])
+def test_the_first_count_leaves_the_busy_cores_alone(cores, others_busy, expected) -> None:
+    assert first_count(cores, others_busy) == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_busy_before_the_start_and_seen_while_loading(seed: int) -> None:
+    tuner = make_thread_choice(None, 2, others_busy=1.0)
+    assert tuner.current == 1
+    assert best_fixed_reply(True, seed) / reply_time(tuner, True, seed) >= 0.9
+
+
+def learnt_on_an_idle_machine(seed: int) -> dict[str, float]:
+    tuner = AdaptiveThreads(2)
+    simulate(tuner, two_cores, [(False, 400)], seed, REPLY)
+    return tuner.learnt()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_busy_before_the_start_unseen_while_loading_but_remembered(seed: int) -> None:
+    """The load saw nothing (the other process started right after it), but the prompt's
+    evaluation costs far more than it did before: the next token is a try, judged at once."""
+    memory = learnt_on_an_idle_machine(seed)
+    assert {"2/1", "2/8", "2/17"} <= set(memory)  # the counts it ran on, the head included
+    tuner = make_thread_choice(None, 2, others_busy=0.0, expected=memory)
+    assert tuner.current == 2
+    assert best_fixed_reply(True, seed) / reply_time(tuner, True, seed) >= 0.9
+    assert tuner.current == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_busy_before_the_start_with_nothing_known_tries_early(seed: int) -> None:
+    tuner = make_thread_choice(None, 2, others_busy=None)
+    assert best_fixed_reply(True, seed) / reply_time(tuner, True, seed) >= 0.8
+    assert tuner.current == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_idle_with_a_memory_is_no_slower_than_all_cores(seed: int) -> None:
+    tuner = make_thread_choice(None, 2, others_busy=0.0, expected=learnt_on_an_idle_machine(seed))
+    phases = [(False, 1500)]
+    _, adaptive = simulate(tuner, two_cores, phases, seed)
+    _, all_cores = simulate(FixedThreads(2), two_cores, phases, seed)
+    assert all_cores[0] / adaptive[0] >= 0.97
+
+
+def test_a_remembered_cost_that_does_not_parse_is_left_out() -> None:
+    tuner = AdaptiveThreads(2, expected={"2/1": 0.05, "x/1": 1.0, "1/1": "slow", "1/2": -1.0})
+    assert tuner._expected == {(2, 1): 0.05}
+
+
+def test_the_memory_keeps_the_quiet_machines_costs(tmp_path) -> None:
+    from chatapp import thread_memory
+
+    path = tmp_path / "threads" / "model.json"
+    assert thread_memory.recall(path) == {}
+    thread_memory.remember({"2/1": 0.06, "1/1": 0.11}, path)
+    thread_memory.remember({"2/1": 0.45, "1/1": 0.10}, path)  # a busy run: 2 threads dearer
+    assert thread_memory.recall(path) == {"2/1": 0.06, "1/1": 0.10}
+    path.write_text("[not a dict")
+    assert thread_memory.recall(path) == {}

@@ -71,6 +71,21 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and the vector features llama.cpp's kernels use, for reports."""
+    flags = cpu_flags(cpuinfo)
+    features = [name for name, needed in (("AMX", _AMX_CPU_FLAGS), ("AVX-512", {"avx512f"}),
+                                          ("AVX2", {"avx2"})) if needed <= flags]
+    model = ""
+    try:
+        model = next((line.partition(":")[2].strip() for line in
+                      cpuinfo.read_text(errors="replace").splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.machine()} ({', '.join(features) or 'no AMX, AVX-512 or AVX2'})"
+
+
 def build_has_amx(system_info: str) -> bool:
     """Whether llama.cpp's ``llama_print_system_info()`` lists the AMX kernels as compiled in."""
     features = {name.strip(): value.strip() for part in system_info.split("|")

@@ -36,7 +36,9 @@ import numpy as np
 from chatapp.backends import amx_guard, amx_probe
 from chatapp.backends.base import BackendError, ChatMessage, ModelFacts
 from chatapp.chat_template import render_chat
-from chatapp.thread_tuner import available_cores, make_thread_choice
+from chatapp import thread_memory
+from chatapp.machine_load import CpuSample, others_busy_cores
+from chatapp.thread_tuner import AdaptiveThreads, available_cores, make_thread_choice
 
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -163,11 +165,16 @@ class LlamaCppBackend(ModelFacts):
         check_gguf_file(self._path)
         lib = _lib()
         self._lib = lib
+        load_started = CpuSample.now()
         self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split, repack)
         self._ctx = None
         self._batch = None
         # llama.cpp's own default is a fixed 4
-        self.thread_choice = make_thread_choice(threads, available_cores(), adaptive=not gpu_layers)
+        self._thread_memory = thread_memory.memory_path(self._path, available_cores())
+        self.thread_choice = make_thread_choice(
+            threads, available_cores(), adaptive=not gpu_layers,
+            others_busy=others_busy_cores(load_started) if not threads else None,
+            expected=thread_memory.recall(self._thread_memory) if not threads else None)
         self._threads_set = self.thread_choice.current
         try:
             self._ctx = self._new_context(n_ctx, n_batch, self._threads_set)
@@ -178,7 +185,8 @@ class LlamaCppBackend(ModelFacts):
             self._vocab_size = lib.llama_vocab_n_tokens(self._vocab)
             self._n_ctx = lib.llama_n_ctx(self._ctx)
             self._stop_ids = self._find_stop_ids()
-            self._name = self._meta("general.name") or self._path.stem
+            self.quantization = self._quantization()
+            self._name = f"{self._meta('general.name') or self._path.stem} ({self.quantization})"
         except BaseException:
             self.close()
             raise
@@ -243,6 +251,13 @@ class LlamaCppBackend(ModelFacts):
         ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)}
         ids.update(t for t in range(self._vocab_size) if lib.llama_vocab_is_eog(vocab, t))
         return frozenset(t for t in ids if 0 <= t < self._vocab_size)
+
+    def _quantization(self) -> str:
+        """The file's quantisation as llama.cpp names it ("Q8_0", "Q4_K - Medium")."""
+        buf = ctypes.create_string_buffer(256)
+        self._lib.llama_model_desc(self._model, buf, len(buf))
+        words = buf.value.decode("utf-8", errors="replace").split(" ", 2)  # arch, size, type
+        return words[2] if len(words) == 3 else "?"
 
     def _meta(self, key: str) -> str | None:
         """A string from the GGUF metadata, or None if the key is absent."""
@@ -327,14 +342,23 @@ class LlamaCppBackend(ModelFacts):
                 f"{len(tokens)} new). Start a new chat or raise n_ctx (--n-ctx).")
         logits = np.empty((n_logits, self._vocab_size), dtype=np.float32)
         first_out = len(tokens) - n_logits
-        row = 0
-        for lo in range(0, len(tokens), self._n_batch):
-            chunk = tokens[lo:lo + self._n_batch]
+        row = lo = 0
+        for size in self._chunk_sizes(len(tokens)):
+            chunk = tokens[lo:lo + size]
             self._decode(chunk, start + lo, first_out - lo, start)
             for i in range(max(0, first_out - lo), len(chunk)):
                 logits[row] = self._logits_row(i)
                 row += 1
+            lo += size
         return logits
+
+    def _chunk_sizes(self, n_tokens: int) -> list[int]:
+        """The thread choice's split of an evaluation (``ThreadChoice.chunks``), each part cut
+        into pieces of at most ``n_batch`` tokens."""
+        sizes = []
+        for part in self.thread_choice.chunks(n_tokens):
+            sizes += [min(self._n_batch, part - lo) for lo in range(0, part, self._n_batch)]
+        return sizes
 
     def truncate(self, n: int) -> None:
         """Drop every cached position >= ``n`` (no-op if fewer are cached)."""
@@ -347,7 +371,10 @@ class LlamaCppBackend(ModelFacts):
         del self._cache[n:]
 
     def close(self) -> None:
-        """Free the batch, the context and the model. Safe to call twice."""
+        """Free the batch, the context and the model (keeping what the thread counts cost in
+        ``chatapp.thread_memory``). Safe to call twice."""
+        if isinstance(getattr(self, "thread_choice", None), AdaptiveThreads):
+            thread_memory.remember(self.thread_choice.learnt(), self._thread_memory)
         lib = self._lib
         if self._batch is not None:
             lib.llama_batch_free(self._batch)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.bench.baseline import BASELINE
 from chatapp.bench.report import print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
@@ -35,6 +36,7 @@ def bench_command(config: Config, json_path: Path | None, *,
                   fresh_policy: bool = False,
                   repeats: int = 1,
                   busy: int = 0,
+                  baseline: Sequence[str] | None = None,
                   out: TextIO | None = None,
                   log: TextIO | None = None) -> int:
     """Run the bench, print the table to ``out`` (stdout), write all rows to ``json_path``.
@@ -43,7 +45,8 @@ def bench_command(config: Config, json_path: Path | None, *,
     ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
     A set of ``specs`` without target-only decoding gets it added: the ratios need it.
     ``busy`` CPU-bound processes run beside the measured runs (warm-up included), for at most
-    ``BUSY_MAX_S`` seconds.
+    ``BUSY_MAX_S`` seconds. ``baseline``: another installation's Python, whose target-only run
+    of each prompt is compared (``chatapp.bench.baseline``).
     """
     out = out or sys.stdout
     log = log or sys.stderr
@@ -58,7 +61,8 @@ def bench_command(config: Config, json_path: Path | None, *,
     if backends is None:
         backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     try:
-        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy)
+        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy,
+                      baseline)
         with BusyProcesses(busy, BUSY_MAX_S):
             if warmup:
                 bench.warm_up(prompts[0])
@@ -68,7 +72,8 @@ def bench_command(config: Config, json_path: Path | None, *,
             for backend in (backends.target, backends.draft, backends.assistant):
                 if backend is not None:
                     backend.close()
-    summaries = summarise(rows, [spec.name for spec in specs] + bench.extra_configs)
+    names = [spec.name for spec in specs] + bench.extra_configs + ([BASELINE] if baseline else [])
+    summaries = summarise(rows, names, BASELINE if baseline else None)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print_report(out, bench.describe(len(prompts)), summaries, rows, peak_rss_mib)
     if json_path is not None:

@@ -86,6 +86,8 @@ class Summary:
     same_as_target: float  # mean tokens before the first difference
     identical: int
     category_ratio: dict[str, float]
+    baseline_ratio: float | None = None  # against the baseline's rows (``--baseline``), if any
+    baseline_category_ratio: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,6 +122,15 @@ def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
         repeat_tokens_per_s=list(run.speeds) or [speed], output=list(run.output))
 
 
+def compared_to(row: Row, reference: Run) -> Row:
+    """``row`` (of another process: the baseline's) with its ratio and sameness measured
+    against ``reference``, this bench's target-only run of the same prompt."""
+    speed = generation_speed(reference.stats)
+    same = common_prefix_length(row.output, reference.output)
+    return dataclasses.replace(row, ratio=row.tokens_per_s / speed if speed > 0 else 0.0,
+                               same_as_target=same, identical=row.output == reference.output)
+
+
 def _engine_share(total_s: float, prompt_s: float, model_s: float) -> float:
     """The engine's own time (everything outside the model calls) over the generation time."""
     generation_s = total_s - prompt_s
@@ -132,9 +143,12 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
-def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
-    """One summary per configuration of ``configs`` that has rows, in that order."""
+def summarise(rows: Sequence[Row], configs: Sequence[str],
+              baseline: str | None = None) -> list[Summary]:
+    """One summary per configuration of ``configs`` that has rows, in that order; with the
+    configuration name ``baseline``, also each one's speed against its rows, prompt by prompt."""
     summaries = []
+    base_speed = {row.prompt: row.tokens_per_s for row in rows if row.config == baseline}
     for name in configs:
         mine = [row for row in rows if row.config == name]
         if not mine:
@@ -162,8 +176,34 @@ def summarise(rows: Sequence[Row], configs: Sequence[str]) -> list[Summary]:
                                        sum(row.model_s for row in mine)),
             same_as_target=sum(row.same_as_target for row in mine) / len(mine),
             identical=sum(row.identical for row in mine),
-            category_ratio={c: geometric_mean(r) for c, r in categories.items()}))
+            category_ratio={c: geometric_mean(r) for c, r in categories.items()},
+            **_against_baseline(mine, base_speed)))
     return summaries
+
+
+def _against_baseline(rows: Sequence[Row], base_speed: dict[str, float]) -> dict[str, Any]:
+    """``Summary``'s baseline fields for a configuration's ``rows`` (empty without a baseline)."""
+    by_category: dict[str, list[float]] = {}
+    for row in rows:
+        if base_speed.get(row.prompt, 0.0) > 0:
+            by_category.setdefault(row.category, []).append(row.tokens_per_s
+                                                            / base_speed[row.prompt])
+    if not by_category:
+        return {}
+    return {"baseline_ratio": geometric_mean([r for rs in by_category.values() for r in rs]),
+            "baseline_category_ratio": {c: geometric_mean(r) for c, r in by_category.items()}}
+
+
+def _print_baseline_ratios(out: TextIO, summaries: Sequence[Summary],
+                           categories: Sequence[str]) -> None:
+    """Each configuration's speed against the baseline's, by category (if there is one)."""
+    if not any(s.baseline_ratio for s in summaries):
+        return
+    print("", file=out)
+    print(f"{'x baseline':<18} {'all':>10} " + " ".join(f"{c:>10}" for c in categories), file=out)
+    for s in summaries:
+        cells = " ".join(f"{s.baseline_category_ratio.get(c, 0.0):>10.2f}" for c in categories)
+        print(f"{s.config:<18} {s.baseline_ratio or 0.0:>10.2f} {cells}", file=out)
 
 
 def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Sequence[Row],
@@ -197,6 +237,7 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
     for s in summaries:
         print(f"{s.config:<18} " + " ".join(f"{s.category_ratio.get(c, 0.0):>10.2f}"
                                              for c in categories), file=out)
+    _print_baseline_ratios(out, summaries, categories)
     print("", file=out)
     prompts = list(dict.fromkeys(row.prompt for row in rows))
     names = [s.config for s in summaries]

@@ -14,7 +14,8 @@ import numpy as np
 
 from chatapp.backends.base import Backend, ChatMessage
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
-from chatapp.bench.report import Row, Run, generation_speed, make_row
+from chatapp.bench.baseline import BASELINE, baseline_row
+from chatapp.bench.report import Row, Run, compared_to, generation_speed, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.config import Config
 from chatapp.draft_policy import DraftPolicy
@@ -86,8 +87,11 @@ class Bench:
 
     def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
                  max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
-                 busy: int = 0) -> None:
+                 busy: int = 0, baseline: Sequence[str] | None = None) -> None:
+        """``baseline``: the Python command of another installation whose target-only run of
+        each prompt goes just before this bench's (``chatapp.bench.baseline``)."""
         self.config = config
+        self.baseline = list(baseline) if baseline else None
         self.busy = busy
         self.repeats = max(1, repeats)
         self.backends = backends
@@ -164,6 +168,11 @@ class Bench:
 
     def _run_prompt(self, prompt: BenchPrompt, number: int, total: int) -> list[Row]:
         tokens = self.prompt_tokens(prompt)
+        base = None
+        if self.baseline:
+            base = baseline_row(self.baseline, prompt, self.settings.max_tokens, self.config)
+            print(f"[{number}/{total}] {prompt.id:<16} {BASELINE:<18} {base.tokens:4d} tokens "
+                  f"{base.tokens_per_s:6.1f} tok/s", file=self.log, flush=True)
         runs: dict[str, Run] = {}
         speeds: dict[str, list[float]] = {}
         for repeat in range(self.repeats):
@@ -186,7 +195,10 @@ class Bench:
                                             runs[TARGET].stats.prompt_s)
             self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
         reference = runs[TARGET]
-        return [make_row(prompt, name, run, reference) for name, run in runs.items()]
+        rows = [make_row(prompt, name, run, reference) for name, run in runs.items()]
+        if base is not None:
+            rows.append(compared_to(base, reference))
+        return rows
 
     def run_once(self, spec: RunSpec, prompt: list[int], seed: int) -> Run:
         """One run of configuration ``spec`` (one of ``specs``) on ``prompt``, both caches
@@ -254,7 +266,8 @@ class Bench:
                 "seed": self.seed, "threads": self.config.threads, "n_ctx": self.config.n_ctx,
                 "fresh_policy": self.fresh_policy, "repeats": self.repeats, "busy": self.busy,
                 "cpus": os.cpu_count(), "target_rpc": list(self.config.rpc),
-                "configs": [spec.name for spec in self.specs] + self.extra_configs}
+                "configs": [spec.name for spec in self.specs] + self.extra_configs,
+                **machine_facts(self.config)}
 
     def describe(self, n_prompts: int) -> str:
         meta = self.meta()
@@ -269,9 +282,24 @@ class Bench:
         backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
             f"{meta['backend']} (draft on {meta['draft_backend']})")
         where = f" {rpc_label(self.config.rpc)}" if self.config.rpc else ""
+        amx = {True: "AMX in use", False: "AMX not in use", None: ""}[meta["amx_in_use"]]
         return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, backend "
                 f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
-                f"prompts, seed {meta['seed']}; {policy}.")
+                f"prompts, seed {meta['seed']}; {policy}. CPU: {meta['cpu']}"
+                f"{'; ' + amx if amx else ''}; layout setting {meta['layout']}.")
+
+
+def machine_facts(config: Config) -> dict[str, Any]:
+    """The CPU, whether llama.cpp runs AMX here (None: no llama.cpp model) and the layout
+    setting, for the bench's report."""
+    from chatapp.backends.amx_guard import cpu_description
+
+    amx = None
+    if "llama" in (config.backend, config.draft_backend_name):
+        from chatapp.backends.llama_cpp import amx_in_use
+
+        amx = amx_in_use()
+    return {"cpu": cpu_description(), "amx_in_use": amx, "layout": config.layout}
 
 
 def rotated(items: Sequence[Any], shift: int) -> list[Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from chatapp.backends.base import Backend, ChatMessage
+from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
 from chatapp.config import Config
 from chatapp.drafting import LONGEST_FREE_DRAFT, evaluate_sequence
@@ -105,8 +106,11 @@ def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None
         sizes = [*range(1, 2 * LONGEST_FREE_DRAFT + 1), *LONGER_SIZES]
         longest = max(sizes)
         feed = (context * (1 + longest // max(len(context), 1)))[:longest]
+        facts = machine_facts(config)
         print(f"Verification costs of {target.name}, {target.threads} threads, after "
-              f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}:", file=log)
+              f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}; CPU "
+              f"{facts['cpu']}, AMX {'in use' if facts['amx_in_use'] else 'not in use'}:",
+              file=log)
         print_verify_costs(out, measure_verify_costs(target, context, feed, sizes))
     finally:
         target.close()

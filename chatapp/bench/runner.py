@@ -87,11 +87,14 @@ class Bench:
 
     def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
                  max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
-                 busy: int = 0, baseline: Sequence[str] | None = None) -> None:
+                 busy: int = 0, baseline: Sequence[str] | None = None,
+                 launcher: Launcher | None = None) -> None:
         """``baseline``: the Python command of another installation whose target-only run of
-        each prompt goes just before this bench's (``chatapp.bench.baseline``)."""
+        each prompt goes just before this bench's, started by ``launcher``
+        (``chatapp.bench.baseline``)."""
         self.config = config
         self.baseline = list(baseline) if baseline else None
+        self.launcher = launcher
         self.busy = busy
         self.repeats = max(1, repeats)
         self.backends = backends
@@ -169,8 +172,9 @@ class Bench:
     def _run_prompt(self, prompt: BenchPrompt, number: int, total: int) -> list[Row]:
         tokens = self.prompt_tokens(prompt)
         base = None
-        if self.baseline:
-            base = baseline_row(self.baseline, prompt, self.settings.max_tokens, self.config)
+        if self.baseline and self.launcher is not None:
+            base = baseline_row(self.launcher, self.baseline, prompt, self.settings.max_tokens,
+                                self.config)
             print(f"[{number}/{total}] {prompt.id:<16} {BASELINE:<18} {base.tokens:4d} tokens "
                   f"{base.tokens_per_s:6.1f} tok/s", file=self.log, flush=True)
         runs: dict[str, Run] = {}

@@ -1,4 +1,4 @@
-"""The conversation layer (chatapp.chat) without a front end: fake backends, a real history."""
+"""The conversation layer (chatapp.chat.conversation) without a front end: fake backends, a real history."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from chatapp.chat import ChatActionError, Conversation
-from chatapp.config import Config
-from chatapp.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.history import HistoryStore
-from chatapp.turns import PlanEvent, Turn
+from chatapp.chat.conversation import ChatActionError, Conversation
+from chatapp.chat.history import HistoryStore
+from chatapp.chat.turns import PlanEvent, Turn
+from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
 CONFIG = Config(draft_length="3", drafter="model", seed=0, temperature=0.9)
@@ -104,9 +104,9 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     """The default drafter's suffix index (``session.history_index``) holds the saved chats'
     text: a new chat's text is kept under its id once saved, and a deleted chat leaves it."""
     from chatapp.backends.fake import FakeBackend
-    from chatapp.engine import SpeculativeEngine
-    from chatapp.loader import generation_settings, load_history_index, make_drafter
-    from chatapp.session import ChatSession
+    from chatapp.chat.loader import generation_settings, load_history_index, make_drafter
+    from chatapp.chat.session import ChatSession
+    from chatapp.engine.loop import SpeculativeEngine
 
     config = dataclasses.replace(CONFIG, drafter="ngram")
     history = HistoryStore(tmp_path / "history.sqlite3")

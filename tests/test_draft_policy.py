@@ -9,12 +9,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.config import Config
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
-from chatapp.drafting import MODEL_SOURCE, ShadowScore
-from chatapp.loader import make_policy
-from chatapp.verify_cost import VerifyCostModel
+from chatapp.chat.loader import make_policy
+from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.policy.verify_cost import VerifyCostModel
+from chatapp.settings.config import Config
 
 # verify(n) on the 2-core CPU of MODELS.md, in seconds: 46 ms for 1, 121 for 4, 144 for 6
 CPU_VERIFY = {1: .046, 2: .075, 3: .100, 4: .121, 5: .133, 6: .144, 7: .155, 8: .165, 9: .175}

@@ -8,15 +8,21 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from chatapp.backends.base import ChatMessage
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import STOP_ID, FakeBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import ModelDrafter, evaluate_sequence
-from chatapp.engine import (ContextOverflowError, GenerationSettings, IncompatibleModelsError,
-                            SpeculativeEngine, TextStream)
-from chatapp.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
-from chatapp.sampling import SamplingParams, probabilities
-from tests.stat_tools import fits
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.engine.loop import (
+    ContextOverflowError,
+    GenerationSettings,
+    IncompatibleModelsError,
+    SpeculativeEngine,
+    TextStream,
+    check_compatible,
+)
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.fixed import FixedDraftLength
 
 PROMPT = FakeBackend().tokenize("user: hello there\nassistant: ")
 
@@ -159,8 +165,7 @@ def test_text_is_streaming_safe_across_a_split_character() -> None:
 
 def test_incompatible_vocabularies_are_refused_naming_both_models() -> None:
     with pytest.raises(IncompatibleModelsError, match="'small'.*'big'"):
-        SpeculativeEngine.from_backends(FakeBackend(name="big"),
-                                        FakeBackend(name="small", vocab_size=40))
+        check_compatible(FakeBackend(name="small", vocab_size=40), FakeBackend(name="big"))
 
 
 def test_prompt_longer_than_the_context_is_refused() -> None:
@@ -176,7 +181,7 @@ def test_generation_stops_at_the_context_limit() -> None:
 
 
 def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
-    from chatapp.session import ChatSession
+    from chatapp.chat.session import ChatSession
 
     engine = SpeculativeEngine(FakeBackend(n_ctx=120))
     session = ChatSession(engine, GenerationSettings(max_tokens=20), seed=0, system_prompt="K")

@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from chatapp.backends.base import BackendError
-from chatapp.config import Config
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import DraftBudget
-from chatapp.events import StepEvent, TokenEvent, TokenSource
-from chatapp.history import HistoryStore
+from chatapp.chat.history import HistoryStore
+from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.settings.config import Config
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
 from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for

@@ -1,11 +1,11 @@
 """The chat app: the screen, its status line and stats panel, and the keys that act on them.
 
-The app renders what its conversation (``chatapp.chat.Conversation``, ``self.chat``) holds and
+The app renders what its conversation (``chatapp.chat.conversation.Conversation``, ``self.chat``) holds and
 yields, and forwards the user's keys to it; it never calls a model, a drafter or the history
 itself. The parts of the app live in their own modules: loading the models (``loading``),
 sending and streaming (``replies``), the message actions (``chat_actions``), the keys
 (``keys``) and the ways out (``shutdown``). The model session comes from
-``session_factory(config, progress)`` (``chatapp.loader.build_session`` over the history by default), run in a
+``session_factory(config, progress)`` (``chatapp.chat.loader.build_session`` over the history by default), run in a
 worker thread; tests pass a factory that builds a session on fake backends.
 """
 
@@ -22,13 +22,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
-from chatapp.chat import Conversation
-from chatapp.config import Config
-from chatapp.endpoints import rpc_label
-from chatapp.history import HistoryError, HistoryStore
-from chatapp.loader import LoadProgress as ProgressCallback
-from chatapp.loader import build_session
-from chatapp.session import ChatSession
+from chatapp.chat.conversation import Conversation
+from chatapp.chat.history import HistoryError, HistoryStore
+from chatapp.chat.loader import LoadProgress as ProgressCallback
+from chatapp.chat.loader import build_session
+from chatapp.chat.session import ChatSession
+from chatapp.chat.turns import ChatEntry
+from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.chat_actions import ChatActionsMixin
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
@@ -38,7 +38,6 @@ from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import ShutdownMixin
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.widgets import Legend, MessageList, MessageView, Note, StatsPanel, StatusBar
-from chatapp.turns import ChatEntry
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 

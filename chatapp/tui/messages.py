@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from chatapp.events import PromptEvent, StepEvent
-from chatapp.session import ChatSession
-from chatapp.stats import ReplayStats, TurnStats
-from chatapp.turns import PlanEvent, Piece, ReplayJob, Turn
+from chatapp.chat.events import PromptEvent, ReplayStats, StepEvent, TurnStats
+from chatapp.chat.session import ChatSession
+from chatapp.chat.turns import Piece, PlanEvent, ReplayJob, Turn
 
 
 class LoadProgress(Message):

@@ -14,13 +14,13 @@ from typing import Any
 from textual import work
 from textual.worker import get_current_worker
 
+from chatapp.chat.events import DoneEvent, PromptEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.chat.turns import ChatEntry, PlanEvent, Turn
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyPrompt, ReplyStep
 from chatapp.tui.widgets import MessageView, Note
-from chatapp.turns import ChatEntry, PlanEvent, Turn
 
 
 class RepliesMixin:

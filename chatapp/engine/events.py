@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-from chatapp.stats import TurnStats
+from chatapp.engine.stats import TurnStats
 
 
 class TokenSource(str, Enum):

@@ -29,23 +29,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chatapp.backends.base import ChatMessage
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, SwitchablePolicy
-from chatapp.engine import ContextOverflowError
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.history import HistoryStore
+from chatapp.chat.loader import generation_settings, make_policy
+from chatapp.chat.session import ChatSession, fallback_template_note
+from chatapp.chat.terminal_text import printable_line
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+from chatapp.engine.contracts import DraftPolicy
+from chatapp.engine.events import DoneEvent
+from chatapp.engine.loop import ContextOverflowError
+from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent
-from chatapp.history import HistoryStore
-from chatapp.loader import generation_settings, make_policy
-from chatapp.policy_memory import memory_path, recall, remember
-from chatapp.session import ChatSession, fallback_template_note
-from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
-from chatapp.terminal_text import printable_line
-from chatapp.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength, SwitchablePolicy
+from chatapp.policy.memory import memory_path, recall, remember
+from chatapp.settings.config import Config
 
 if TYPE_CHECKING:
-    from chatapp.suffix_drafter import SuffixSource
+    from chatapp.drafters.suffix import SuffixSource
 
 # Fields whose change needs the models loaded again.
 RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
@@ -152,7 +153,7 @@ class Conversation:
 
     def _configured_policy(self, config: Config) -> DraftPolicy:
         """``make_policy``; once the models are loaded, an auto policy starts from what the last
-        run on this machine and pair measured (``chatapp.policy_memory``)."""
+        run on this machine and pair measured (``chatapp.policy.memory``)."""
         policy = make_policy(config)
         if self.session is not None:
             self._recall(policy, config)
@@ -162,7 +163,7 @@ class Conversation:
     def _recall(policy: DraftPolicy, config: Config) -> None:
         """An auto policy starts from what the last run with ``config``'s pair measured."""
         if isinstance(policy, AutoDraftLength):
-            recall(policy, memory_path(config))
+            recall(policy, memory_path(config.measured_setup()))
 
     def _policy_changed(self) -> None:
         """The policy in force no longer follows the configuration."""
@@ -170,7 +171,7 @@ class Conversation:
 
     def _remember_policy(self) -> None:
         if isinstance(self.policy.inner, AutoDraftLength):
-            remember(self.policy.inner, memory_path(self.config))
+            remember(self.policy.inner, memory_path(self.config.measured_setup()))
 
     # -- chats ----------------------------------------------------------------------------------
 

@@ -14,10 +14,16 @@ from collections import deque
 from itertools import accumulate
 from typing import Any
 
-from chatapp.draft_policy import StepOutcome, checked_draft_length
-from chatapp.drafting import LONGEST_FREE_DRAFT, MODEL_SOURCE, DraftBudget, ShadowScore
-from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
-from chatapp.verify_cost import VerifyCostModel
+from chatapp.engine.contracts import (
+    LONGEST_FREE_DRAFT,
+    MODEL_SOURCE,
+    DraftBudget,
+    ShadowScore,
+    StepOutcome,
+    checked_draft_length,
+)
+from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
+from chatapp.policy.verify_cost import VerifyCostModel
 
 LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
 FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow

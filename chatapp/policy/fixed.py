@@ -11,36 +11,14 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
-from typing import Protocol
 
-from chatapp.drafting import DraftBudget, ShadowScore
-
-MAX_DRAFT_LENGTH = 16
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """One verified step: ``source`` proposed ``drafted`` tokens ("" and 0 for a plain step), the
-    target accepted ``accepted`` of them; ``scores`` are a free drafter's would-be outcomes."""
-
-    source: str
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    scores: tuple[ShadowScore, ...] = ()
-
-
-class DraftPolicy(Protocol):
-    @property
-    def label(self) -> str:
-        """What the UI shows: the fixed K, or "auto(K)"."""
-        ...
-
-    def budget(self) -> DraftBudget: ...
-
-    def observe(self, outcome: StepOutcome) -> None: ...
+from chatapp.engine.contracts import (
+    MAX_DRAFT_LENGTH,
+    DraftBudget,
+    DraftPolicy,
+    StepOutcome,
+    checked_draft_length,
+)
 
 
 class FixedDraftLength:
@@ -139,13 +117,6 @@ def k_from_label(label: str) -> int:
     """The last number in a policy label ("3" -> 3, "auto(4)" -> 4, "auto" -> 0)."""
     numbers = re.findall(r"\d+", label)
     return int(numbers[-1]) if numbers else 0
-
-
-def checked_draft_length(k: int) -> int:
-    """``k`` if it is a valid draft length, else ``ValueError``."""
-    if not 0 <= k <= MAX_DRAFT_LENGTH:
-        raise ValueError(f"draft length must be between 0 and {MAX_DRAFT_LENGTH}, got {k}")
-    return k
 
 
 def _clamped(k: int) -> int:

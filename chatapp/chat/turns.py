@@ -2,7 +2,7 @@
 the plan of a turn's prompt (``PlanEvent``) and a replay at K = 0 (``ReplayJob``).
 
 Plain data with the arithmetic that belongs to it (a turn's live statistics, its K label); they
-are made and changed by ``chatapp.chat.Conversation`` and read by the front ends.
+are made and changed by ``chatapp.chat.conversation.Conversation`` and read by the front ends.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chatapp.backends.base import ChatMessage
-from chatapp.events import Event, PromptEvent, StepEvent, TokenSource
-from chatapp.history import StoredMessage
-from chatapp.stats import ReplayStats, StatsRecorder, TurnStats
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.history import StoredMessage
+from chatapp.engine.events import Event, PromptEvent, StepEvent, TokenSource
+from chatapp.engine.stats import ReplayStats, StatsRecorder, TurnStats
 
 Piece = tuple[str, TokenSource]
 

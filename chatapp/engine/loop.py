@@ -23,15 +23,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
-from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence,
-                              rollback_to_prefix)
+from chatapp.engine.contracts import DraftBudget, Drafter, DraftPolicy, Proposal, StepOutcome
+from chatapp.engine.events import (
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    StepEvent,
+    TokenEvent,
+    TokenSource,
+)
+from chatapp.engine.kv import evaluate_sequence, rollback_to_prefix
+from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities
+from chatapp.engine.stats import StatsRecorder
+from chatapp.engine.verify import verify, verify_greedy
 from chatapp.errors import UserFacingError
-from chatapp.events import (DoneEvent, Event, FinishReason, PromptEvent, StepEvent, TokenEvent,
-                            TokenSource)
-from chatapp.sampling import SamplingParams, greedy_tokens, probabilities
-from chatapp.speculative import verify, verify_greedy
-from chatapp.stats import StatsRecorder
 
 
 class IncompatibleModelsError(UserFacingError):
@@ -73,19 +79,24 @@ def check_compatible(draft: Backend, target: Backend) -> None:
         )
 
 
+class _PlainDecoding:
+    """The policy of a turn given none: never draft."""
+
+    label = "0"
+
+    def budget(self) -> DraftBudget:
+        return DraftBudget.uniform(0)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+
 class SpeculativeEngine:
     """Drives a target backend and an optional drafter. Not thread-safe: one turn at a time."""
 
     def __init__(self, target: Backend, drafter: Drafter | None = None) -> None:
         self.target = target
         self.drafter = drafter
-
-    @classmethod
-    def from_backends(cls, target: Backend, draft: Backend | None) -> "SpeculativeEngine":
-        if draft is None:
-            return cls(target)
-        check_compatible(draft, target)
-        return cls(target, ModelDrafter(draft))
 
     @property
     def target_name(self) -> str:
@@ -113,7 +124,7 @@ class SpeculativeEngine:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Stream the reply to ``prompt`` (token ids, chat template already applied)."""
-        policy = policy or FixedDraftLength(0)
+        policy = policy or _PlainDecoding()
         cancel = cancel or threading.Event()
         if len(prompt) + 1 > self.target.n_ctx:
             raise ContextOverflowError(

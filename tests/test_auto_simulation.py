@@ -198,6 +198,9 @@ class FixedPerSource(FixedDraftLength):
         super().__init__(model_k)
         self._budget = DraftBudget({NGRAM: ngram_k, MODEL_SOURCE: model_k}, 0)
 
+    def start_turn(self) -> None:
+        pass
+
     def budget(self) -> DraftBudget:
         return self._budget
 

@@ -119,6 +119,9 @@ class ScheduledDraftLength:
     def label(self) -> str:
         return str(self.schedule[min(self.calls, len(self.schedule) - 1)])
 
+    def start_turn(self) -> None:
+        pass
+
     def budget(self) -> DraftBudget:
         k = self.schedule[min(self.calls, len(self.schedule) - 1)]
         self.calls += 1

@@ -150,6 +150,9 @@ async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
     class Adaptive:  # a policy without ``adjust``, like an auto policy
         label = "auto(5)"
 
+        def start_turn(self) -> None:
+            pass
+
         def budget(self) -> DraftBudget:
             return DraftBudget.uniform(5)
 

@@ -188,6 +188,7 @@ class _Turn:
 
     def _prefill(self) -> PromptEvent:
         """Bring both caches up to the prompt minus its last token (fed with the first step)."""
+        self.policy.start_turn()
         started = time.perf_counter()
         evaluate_sequence(self.target, self.tokens[:-1], 0)
         if self.drafter is not None:

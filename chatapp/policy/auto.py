@@ -36,6 +36,10 @@ PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observatio
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
 # 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts)
+UNVERIFIED_FORGET = 0.9  # per proposal, the same for positions after its first rejection: about
+# 10 first-token failures relax them to the positions before them (0.95 took 45: a source whose
+# deep positions were learnt on code kept drafting 15 tokens on prose, 0.85x plain decoding)
+TURN_FORGET = 0.5  # at a new reply, the weight of the acceptance learnt before it
 VERIFY_FORGET = 0.95  # per-observation forgetting of verification timings (about the last 20)
 VERIFY_SLOPE_PRIOR = 0.8  # cost of n tokens ~ one-token cost x (1 + 0.8 ln n) until measured
 DRAFT_COST_PRIOR = 0.6  # a draft token costs this x a one-token verification until timed
@@ -171,6 +175,15 @@ class AutoDraftLength:
                                   self.stale_forget, self.catchup_prior)
             for arm in self._arms.values():
                 self._decide(arm)
+
+    def start_turn(self) -> None:
+        """A new reply: what each source's acceptance was learnt on counts ``TURN_FORGET`` as
+        much (another prompt may be another kind of text: estimates learnt on code must give way
+        within a few steps of prose; the costs, the machine's, are kept)."""
+        with self._lock:
+            for arm in self._arms.values():
+                arm.verified = [TURN_FORGET * v for v in arm.verified]
+                arm.accepted = [TURN_FORGET * a for a in arm.accepted]
 
     def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
         """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,
@@ -452,15 +465,18 @@ class _Arm:
     def count_acceptance(self, k: int, accepted: int, forget: float) -> None:
         """Count a proposal of ``k`` tokens of which the first ``accepted`` passed. Position i is
         verified when all before it passed; the positions after the first rejection were
-        proposed but not verified: their counts only age, so that what they say relaxes towards
-        the positions before them (acceptance at 1 fell: the old rates at 2, 3, ... are stale)."""
+        proposed but not verified: their counts age by ``UNVERIFIED_FORGET``, faster than the
+        verified ones, so that what they say relaxes towards the positions before them within a
+        few steps (acceptance at 1 fell: the old rates at 2, 3, ... learnt on other text are
+        stale, and long drafts judged on them would keep failing at their first token)."""
         while len(self.verified) < k:
             self.verified.append(0.0)
             self.accepted.append(0.0)
         for i in range(k):
             verified = i <= accepted
-            self.verified[i] = forget * self.verified[i] + verified
-            self.accepted[i] = forget * self.accepted[i] + (i < accepted)
+            age = forget if verified else UNVERIFIED_FORGET
+            self.verified[i] = age * self.verified[i] + verified
+            self.accepted[i] = age * self.accepted[i] + (i < accepted)
 
     def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:
         rates, previous = [], prior

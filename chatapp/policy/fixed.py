@@ -20,6 +20,10 @@ from chatapp.engine.contracts import (
     checked_draft_length,
 )
 
+    def start_turn(self) -> None:
+        """A new reply begins (another prompt: perhaps another kind of text)."""
+        ...
+
 
 class FixedDraftLength:
     """A draft length K set by the user (0 = plain target decoding) for every source;
@@ -55,6 +59,9 @@ class FixedDraftLength:
     def observe(self, outcome: StepOutcome) -> None:
         """A fixed policy does not adapt."""
 
+    def start_turn(self) -> None:
+        """A fixed policy does not adapt."""
+
 
 class SwitchablePolicy:
     """The policy a conversation gives the engine, with what stands behind it swappable.
@@ -87,6 +94,9 @@ class SwitchablePolicy:
 
     def observe(self, outcome: StepOutcome) -> None:
         self.inner.observe(outcome)
+
+    def start_turn(self) -> None:
+        self.inner.start_turn()
 
     def set(self, k: int) -> int:
         """Draft ``k`` tokens (clamped to 0..MAX_DRAFT_LENGTH) from the next step: a fixed K is

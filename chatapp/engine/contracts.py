@@ -180,6 +180,10 @@ class DraftPolicy(Protocol):
 
     def observe(self, outcome: StepOutcome) -> None: ...
 
+    def start_turn(self) -> None:
+        """A new reply begins (another prompt: perhaps another kind of text)."""
+        ...
+
 
 def checked_draft_length(k: int) -> int:
     """``k`` if it is a valid draft length, else ``ValueError``."""

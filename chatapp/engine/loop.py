@@ -90,6 +90,9 @@ class _PlainDecoding:
     def observe(self, outcome: StepOutcome) -> None:
         pass
 
+    def start_turn(self) -> None:
+        pass
+
 
 class SpeculativeEngine:
     """Drives a target backend and an optional drafter. Not thread-safe: one turn at a time."""

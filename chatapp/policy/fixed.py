@@ -20,10 +20,6 @@ from chatapp.engine.contracts import (
     checked_draft_length,
 )
 
-    def start_turn(self) -> None:
-        """A new reply begins (another prompt: perhaps another kind of text)."""
-        ...
-
 
 class FixedDraftLength:
     """A draft length K set by the user (0 = plain target decoding) for every source;

@@ -193,3 +193,32 @@ def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
     assert len(plan.tokens) + 20 <= 120
     with pytest.raises(ContextOverflowError, match="Shorten the message"):
         session.plan_prompt([ChatMessage("user", "the " * 200)])
+
+
+class CountingReads(FakeBackend):
+    """A fake model that counts how often its cache is read back (a full copy in llama.cpp)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reads = 0
+
+    @property
+    def cached_tokens(self):
+        self.reads += 1
+        return super().cached_tokens
+
+
+def test_a_draft_reads_the_cache_once_and_feeds_later_tokens_one_by_one() -> None:
+    backend = CountingReads(noise=1.0)
+    drafter = ModelDrafter(backend)
+    drafter.prefill(PROMPT)
+    backend.reads, backend.evaluate_calls = 0, []
+    proposal = drafter.draft(PROMPT, 6, SamplingParams(0.0), np.random.default_rng(0))
+    assert len(proposal.tokens) == 6 and backend.reads == 1
+    assert backend.evaluate_calls == [1] * 6
+    assert list(backend.cached_tokens) == PROMPT + proposal.tokens[:-1]
+    # The same tokens as feeding each whole sequence to a fresh model.
+    fresh = FakeBackend(noise=1.0)
+    for i, token in enumerate(proposal.tokens):
+        logits = evaluate_sequence(fresh, PROMPT + proposal.tokens[:i], 1)
+        assert int(np.argmax(logits[0])) == token

@@ -48,19 +48,22 @@ class ModelDrafter:
 
     def draft(self, context: Sequence[int], k: int, params: SamplingParams,
               rng: np.random.Generator) -> Proposal:
-        """Up to ``k`` tokens sampled from the draft model (fewer when it proposes a stop)."""
+        """Up to ``k`` tokens sampled from the draft model (fewer when it proposes a stop).
+
+        The first token brings the cache in step with ``context`` (``evaluate_sequence``: what it
+        lacks is fed in one batch); the cache then holds ``context`` plus the tokens drafted but
+        the last, so each later token is fed alone, without reading the cache back."""
         tokens: list[int] = []
         rows: list[np.ndarray] = []
-        sequence = list(context)
         for _ in range(k):
-            logits = evaluate_sequence(self.backend, sequence, 1)
+            logits = (self.backend.evaluate(tokens[-1:], 1) if tokens
+                      else evaluate_sequence(self.backend, context, 1))
             if params.greedy:  # a one-hot row, left unbuilt: greedy verification never reads it
                 token = greedy_tokens(logits)[0]
             else:
                 rows.append(probabilities(logits[0], params))
                 token = sample(rows[-1], rng)
             tokens.append(token)
-            sequence.append(token)
             if token in self.backend.stop_ids:
                 break
         if params.greedy or not tokens:

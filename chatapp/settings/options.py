@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.backends.endpoints import parse_endpoints
+from chatapp.backends.endpoints import DEFAULT_PORT, parse_endpoints
 from chatapp.engine.contracts import MAX_DRAFT_LENGTH
 
 BACKENDS = ("llama", "hf")
@@ -26,6 +26,7 @@ DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LAYOUTS = ("auto", "shipped", "fast")
+DEFAULT_RPC_PORT = DEFAULT_PORT  # `specchat rpc-server --port`: the CLI imports no backend
 
 
 class OptionError(ValueError):

@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from chatapp.backends.base import BackendError
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.drafters.model import ModelDrafter
@@ -222,3 +223,55 @@ def test_a_draft_reads_the_cache_once_and_feeds_later_tokens_one_by_one() -> Non
     for i, token in enumerate(proposal.tokens):
         logits = evaluate_sequence(fresh, PROMPT + proposal.tokens[:i], 1)
         assert int(np.argmax(logits[0])) == token
+
+
+class FailingTarget(FakeBackend):
+    """A fake target whose ``fail_at``-th evaluation raises, its cache left as it was (as the
+    backends promise)."""
+
+    def __init__(self, fail_at: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def evaluate(self, tokens, n_logits: int) -> np.ndarray:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise BackendError("the target failed")
+        return super().evaluate(tokens, n_logits)
+
+
+def _only_verified(engine: SpeculativeEngine, history: list[int]) -> None:
+    """Both caches hold a prefix of ``history`` (the prompt and the tokens emitted): nothing
+    drafted and not verified, nothing the reply does not have."""
+    for backend in (engine.target, engine.drafter.backend):
+        cached = list(backend.cached_tokens)
+        assert cached == history[:len(cached)], backend.name
+
+
+def test_a_backend_error_mid_step_leaves_no_unverified_positions() -> None:
+    # Evaluation 1 is the prompt, 2 and 3 verify steps 0 and 1; the 4th fails after step 2's
+    # draft: the draft model's cache holds the drafted tokens then.
+    engine = SpeculativeEngine(FailingTarget(fail_at=4, name="target"),
+                               ModelDrafter(FakeBackend(noise=1.0, name="draft")))
+    events = []
+    with pytest.raises(BackendError, match="target failed"):
+        for event in engine.generate(PROMPT, GenerationSettings(max_tokens=60),
+                                     np.random.default_rng(0), FixedDraftLength(4)):
+            events.append(event)
+    assert [e.step for e in events if isinstance(e, StepEvent)] == [0, 1]
+    _only_verified(engine, PROMPT + _ids(events))
+
+
+def test_a_stream_closed_mid_step_leaves_no_unverified_positions() -> None:
+    engine = _engine()
+    stream = engine.generate(PROMPT, GenerationSettings(max_tokens=60),
+                             np.random.default_rng(0), FixedDraftLength(4))
+    events = []
+    for event in stream:
+        events.append(event)
+        if isinstance(event, TokenEvent) and event.step == 2:
+            break  # the target's cache holds step 2's whole proposal now
+    assert len(engine.target.cached_tokens) > len(PROMPT + _ids(events))
+    stream.close()
+    _only_verified(engine, PROMPT + _ids(events))

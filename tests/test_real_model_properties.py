@@ -119,6 +119,11 @@ class ScheduledDraftLength:
     def label(self) -> str:
         return str(self.schedule[min(self.calls, len(self.schedule) - 1)])
 
+    adaptive = False
+
+    def current_k(self) -> int:
+        return self.schedule[min(self.calls, len(self.schedule) - 1)]
+
     def start_turn(self) -> None:
         pass
 

@@ -171,9 +171,22 @@ class StepOutcome:
 
 
 class DraftPolicy(Protocol):
+    """Chooses each step's ``DraftBudget`` and learns from its ``StepOutcome``. Read from other
+    threads too (a front end shows the K in force while the engine drafts): thread-safe."""
+
     @property
     def label(self) -> str:
         """What the UI shows: the fixed K, or "auto(K)"."""
+        ...
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the policy chooses K itself (an auto policy) rather than keeping the user's."""
+        ...
+
+    def current_k(self) -> int:
+        """The draft length in force: the fixed K, or an adaptive policy's choice of the moment
+        (the longest any source drafts; probes aside)."""
         ...
 
     def budget(self) -> DraftBudget: ...

@@ -140,6 +140,8 @@ class AutoDraftLength:
         with self._lock:
             return f"auto({self._shown_k})"
 
+    adaptive = True
+
     def budget(self) -> DraftBudget:
         with self._lock:
             arms = self._arms
@@ -260,9 +262,13 @@ class AutoDraftLength:
             arm = self._arm(kind)
             return self._rates(arm, self._acceptance(arm))
 
-    def current_k(self, kind: str = MODEL_SOURCE) -> int:
-        """The K chosen for ``kind`` (probes aside)."""
+    def current_k(self, kind: str | None = None) -> int:
+        """The K chosen for ``kind`` (probes aside); None: the longest any source drafts (before
+        any source is known, the K it explores with)."""
         with self._lock:
+            if kind is None:
+                return max((self._chosen_k(arm) for arm in self._arms.values()),
+                           default=self.explore_k)
             return self._chosen_k(self._arm(kind))
 
     # -- internals -----------------------------------------------------------------------------

@@ -38,6 +38,11 @@ class FixedDraftLength:
     def label(self) -> str:
         return str(self.k)
 
+    adaptive = False
+
+    def current_k(self) -> int:
+        return self.k
+
     def budget(self) -> DraftBudget:
         return DraftBudget.uniform(self.k)
 
@@ -84,6 +89,13 @@ class SwitchablePolicy:
     @property
     def label(self) -> str:
         return self.inner.label
+
+    @property
+    def adaptive(self) -> bool:
+        return self.inner.adaptive
+
+    def current_k(self) -> int:
+        return self.inner.current_k()
 
     def budget(self) -> DraftBudget:
         return self.inner.budget()

@@ -300,9 +300,9 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
     from chatapp.chat.conversation import Conversation
-    from chatapp.chat.events import DoneEvent, TokenEvent, format_summary
+    from chatapp.chat.events import TokenEvent, format_summary
     from chatapp.chat.loader import build_session
-    from chatapp.chat.turns import PlanEvent
+    from chatapp.chat.turns import ChatEvent, PlanEvent
     from chatapp.settings.config import rpc_label
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -310,29 +310,30 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     _stderr_progress("", None)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
+
+    def show(event: ChatEvent) -> None:
+        if isinstance(event, PlanEvent):
+            if event.note:
+                print(f"note: {event.note}", file=sys.stderr)
+        elif as_json:
+            _print_json(event.to_json())
+        elif isinstance(event, TokenEvent):
+            print(event.text, end="", flush=True)
+
     chat = Conversation(config)
     chat.attach(session)
     try:
         turn = chat.begin(text)
         _cancel_on_interrupt(turn.cancel)
-        for event in chat.stream(turn):
-            if isinstance(event, PlanEvent):
-                if event.note:
-                    print(f"note: {event.note}", file=sys.stderr)
-            elif as_json:
-                _print_json(event.to_json())
-            elif isinstance(event, TokenEvent):
-                print(event.text, end="", flush=True)
-            if isinstance(event, DoneEvent):
-                chat.finish(turn, event.finish_reason.value, event.stats)
-                if not as_json:
-                    print()
-                    reason = event.finish_reason.value
-                    note = "" if reason == "stop" else f" ({reason})"
-                    where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
-                    print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
+        reply = chat.run(turn, show)
     finally:
         chat.close()
+    if not as_json and reply.stats is not None:
+        print()
+        reason = reply.finish_reason
+        note = "" if reason == "stop" else f" ({reason})"
+        where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+        print(f"{format_summary(reply.stats)}{note}{where}", file=sys.stderr)
     return 0
 
 

@@ -122,7 +122,6 @@ def tui_make_app(tmp_path):
         config = config or Config(draft_length="3", drafter="model", seed=0, temperature=0.0)
         kwargs.setdefault("history_path", tmp_path / "data" / "history.sqlite3")
         kwargs.setdefault("export_dir", tmp_path / "exports")
-        kwargs.setdefault("clock", TuiFakeClock())
         return SpecChatApp(config, session_factory=factory or tui_fake_factory(), **kwargs)
 
     return make

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from chatapp.chat.conversation import ChatActionError, Conversation
+from chatapp.chat.events import TokenEvent
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.turns import PlanEvent, Turn
-from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.chat.turns import ChatEntry, PlanEvent, Turn
 from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
@@ -26,20 +26,13 @@ def chat(tmp_path):
     history.close()
 
 
-def run(chat: Conversation, turn: Turn) -> None:
-    """Stream ``turn`` the way a front end does, and finish it."""
-    pieces = []
-    for event in chat.stream(turn):
-        if isinstance(event, PlanEvent):
-            assert event.prompt_tokens > 0 and event.dropped_messages == 0
-        elif isinstance(event, TokenEvent):
-            pieces.append((event.text, event.source))
-        elif isinstance(event, StepEvent):
-            turn.add_step(pieces, event, chat.clock())
-            pieces = []
-        elif isinstance(event, DoneEvent):
-            turn.add_step(pieces, None, chat.clock())
-            chat.finish(turn, event.finish_reason.value, event.stats)
+def run(chat: Conversation, turn: Turn) -> ChatEntry:
+    """Run ``turn`` through the conversation's own path (``Conversation.run``)."""
+    events = []
+    entry = chat.run(turn, events.append)
+    plans = [event for event in events if isinstance(event, PlanEvent)]
+    assert plans == [events[0]] and plans[0].prompt_tokens > 0 and plans[0].dropped_messages == 0
+    return entry
 
 
 def saved(chat: Conversation, chat_id: int | None = None) -> list[tuple[str, str]]:
@@ -54,6 +47,25 @@ def test_a_turn_is_saved_with_its_stats_and_added_to_the_chat(chat):
     assert saved(chat) == [("user", "hello"), ("assistant", reply.content)] and reply.content
     stored = chat.history.messages(chat.chat_id)[1]
     assert stored.stats == reply.stats and stored.meta["k"] == reply.k_label == "3"
+
+
+def test_run_applies_every_event_and_fails_the_turn_when_a_front_end_raises(chat):
+    turn = chat.begin("hello")
+    entry = run(chat, turn)
+    assert entry is chat.entries[-1] and entry.content == turn.text != ""
+    assert entry.stats == turn.stats() and len(turn.steps) > 1
+    assert dataclasses.replace(turn.steps[-1].stats, total_s=entry.stats.total_s) == entry.stats
+
+    def broken(event: object) -> None:
+        if isinstance(event, TokenEvent) and event.step == 1:
+            raise OSError("stdout is gone")
+
+    turn = chat.begin("again")
+    with pytest.raises(OSError, match="stdout is gone"):
+        chat.run(turn, broken)
+    kept = chat.entries[-1]
+    assert chat.turn is None and kept.finish_reason == turn.finish_reason == "error"
+    assert kept.content == turn.text != "" and saved(chat)[-1] == ("assistant", turn.text)
 
 
 def test_a_regeneration_that_fails_before_a_token_keeps_the_old_reply(chat):

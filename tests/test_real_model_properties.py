@@ -115,10 +115,6 @@ class ScheduledDraftLength:
         self.schedule = list(schedule)
         self.calls = 0
 
-    @property
-    def label(self) -> str:
-        return str(self.schedule[min(self.calls, len(self.schedule) - 1)])
-
     adaptive = False
 
     def current_k(self) -> int:

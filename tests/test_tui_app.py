@@ -148,7 +148,6 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
 
 async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
     class Adaptive:  # a policy without ``adjust``, like an auto policy
-        label = "auto(5)"
         adaptive = True
 
         def current_k(self) -> int:

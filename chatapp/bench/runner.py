@@ -20,6 +20,7 @@ from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, compared_to, generation_speed, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.loader import generation_settings, load_backend, make_drafter, make_policy
+from chatapp.chat.turns import k_label
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
@@ -248,7 +249,8 @@ class Bench:
                 done = event
         assert done is not None
         model_s = _model_seconds(self.backends.target, self.backends.draft) - model_before
-        return Run(output, done.stats, done.finish_reason.value, drafted, policy.label, model_s)
+        label = k_label(policy.current_k(), policy.adaptive)
+        return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
         speed = generation_speed(run.stats)

@@ -175,11 +175,6 @@ class DraftPolicy(Protocol):
     threads too (a front end shows the K in force while the engine drafts): thread-safe."""
 
     @property
-    def label(self) -> str:
-        """What the UI shows: the fixed K, or "auto(K)"."""
-        ...
-
-    @property
     def adaptive(self) -> bool:
         """Whether the policy chooses K itself (an auto policy) rather than keeping the user's."""
         ...

@@ -82,7 +82,6 @@ def check_compatible(draft: Backend, target: Backend) -> None:
 class _PlainDecoding:
     """The policy of a turn given none: never draft."""
 
-    label = "0"
     adaptive = False
 
     def current_k(self) -> int:

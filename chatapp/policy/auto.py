@@ -131,14 +131,8 @@ class AutoDraftLength:
         self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
         self._spent_s = 0.0  # all verification time, and that of batch sizes never timed before
         self._exploring_s = 0.0
-        self._shown_k = self.explore_k
 
     # -- DraftPolicy ----------------------------------------------------------------------------
-
-    @property
-    def label(self) -> str:
-        with self._lock:
-            return f"auto({self._shown_k})"
 
     adaptive = True
 
@@ -150,7 +144,6 @@ class AutoDraftLength:
             for arm in arms.values():
                 if arm.shadowed:  # scored for free since the last decision
                     self._decide(arm)
-            self._shown_k = max(self._chosen_k(arm) for arm in arms.values())
             if self._step - self._last_plain >= self.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
                 return DraftBudget.uniform(0)  # re-time plain decoding, the baseline of every choice
@@ -240,8 +233,6 @@ class AutoDraftLength:
             self._verify, self._arms = verify, arms
             for arm in arms.values():
                 self._decide(arm)
-            self._shown_k = max((self._chosen_k(arm) for arm in arms.values()),
-                                default=self.explore_k)
 
     # -- introspection (tests, the bench, a stats view) -------------------------------------------
 

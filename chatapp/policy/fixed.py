@@ -9,7 +9,6 @@ free drafter scored. That is all that passes between them: a drafter never calls
 
 from __future__ import annotations
 
-import re
 import threading
 
 from chatapp.engine.contracts import (
@@ -33,10 +32,6 @@ class FixedDraftLength:
     def k(self) -> int:
         with self._lock:
             return self._k
-
-    @property
-    def label(self) -> str:
-        return str(self.k)
 
     adaptive = False
 
@@ -87,10 +82,6 @@ class SwitchablePolicy:
             self._inner = inner
 
     @property
-    def label(self) -> str:
-        return self.inner.label
-
-    @property
     def adaptive(self) -> bool:
         return self.inner.adaptive
 
@@ -119,22 +110,16 @@ class SwitchablePolicy:
         """Raise or lower K by ``delta``; returns the K now in force.
 
         A fixed K is adjusted in place. Any other policy (an adaptive one) is replaced by a fixed
-        K starting from ``current`` (the K of the latest step), or from the number in its label.
+        K starting from ``current`` (the K of the latest step), or from its ``current_k``.
         """
         with self._lock:
             inner = self._inner
             if isinstance(inner, FixedDraftLength):
                 return inner.adjust(delta)
-            start = current if current is not None else k_from_label(inner.label)
+            start = current if current is not None else inner.current_k()
             fixed = FixedDraftLength(_clamped(start + delta))
             self._inner = fixed
             return fixed.k
-
-
-def k_from_label(label: str) -> int:
-    """The last number in a policy label ("3" -> 3, "auto(4)" -> 4, "auto" -> 0)."""
-    numbers = re.findall(r"\d+", label)
-    return int(numbers[-1]) if numbers else 0
 
 
 def _clamped(k: int) -> int:

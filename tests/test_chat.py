@@ -9,7 +9,7 @@ import pytest
 from chatapp.chat.conversation import ChatActionError, Conversation
 from chatapp.chat.events import TokenEvent
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.turns import ChatEntry, PlanEvent, Turn
+from chatapp.chat.turns import ChatEntry, PlanEvent, Turn, k_label
 from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
@@ -66,6 +66,12 @@ def test_run_applies_every_event_and_fails_the_turn_when_a_front_end_raises(chat
     kept = chat.entries[-1]
     assert chat.turn is None and kept.finish_reason == turn.finish_reason == "error"
     assert kept.content == turn.text != "" and saved(chat)[-1] == ("assistant", turn.text)
+
+
+def test_the_k_label_is_formatted_from_numbers() -> None:
+    assert k_label(3, adaptive=False) == "3" and k_label(4, adaptive=True) == "auto(4)"
+    assert k_label(3, False, [3, 3]) == "3" and k_label(3, False, [3, 4, 2]) == "3→2"
+    assert k_label(3, True, [2, 5, 3]) == "auto 2–5" and k_label(3, True, [4, 4]) == "auto 4"
 
 
 def test_a_regeneration_that_fails_before_a_token_keeps_the_old_reply(chat):

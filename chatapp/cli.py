@@ -18,11 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chatapp.config import Config, load_config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH
-from chatapp.endpoints import DEFAULT_PORT
 from chatapp.errors import UserFacingError
-from chatapp.options import OPTIONS, Rule, arg_type, at_least
+from chatapp.settings.config import Config, load_config
+from chatapp.settings.options import (
+    DEFAULT_RPC_PORT,
+    OPTIONS,
+    Rule,
+    arg_type,
+    at_least,
+    endpoint_list,
+)
 
 SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
 
@@ -34,9 +39,15 @@ _port = arg_type(int, Rule("1..65535", lambda port: 1 <= port <= 65535), "port")
 
 
 def _option(name: str) -> dict[str, Any]:
-    """argparse's ``type`` (or ``choices``) for the setting ``name``, from ``chatapp.options``."""
+    """argparse's ``type`` (or ``choices``) for the setting ``name``, from ``chatapp.settings.options``."""
     option = OPTIONS[name]
     return {"choices": option.choices} if option.choices else {"type": option.arg_type()}
+
+
+def _allowed(name: str) -> str:
+    """What the setting ``name`` allows, as its rule says ("0..16 or auto")."""
+    rule = OPTIONS[name].rule
+    return rule.text if rule is not None else ""
 
 
 def _bench_configs(text: str) -> list[Any]:
@@ -67,7 +78,7 @@ def _model_options() -> argparse.ArgumentParser:
                         help="the draft model's backend (default: same as the target's)")
     common.add_argument("--drafter", **_option("drafter"), help="who proposes draft tokens")
     common.add_argument("-k", "--draft-length", **_option("draft_length"),
-                        help=f"draft tokens per step, 0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto")
+                        help=f"draft tokens per step, {_allowed('draft_length')} (0: no draft)")
     common.add_argument("--temperature", **_option("temperature"), help="0 = greedy")
     common.add_argument("--top-k", **_option("top_k"), help="0 = off")
     common.add_argument("--top-p", **_option("top_p"), help="nucleus mass in (0, 1]; 1 = off")
@@ -92,10 +103,8 @@ def _model_options() -> argparse.ArgumentParser:
 
 
 def _endpoints(text: str) -> tuple[str, ...]:
-    from chatapp.endpoints import parse_endpoints
-
     try:
-        return tuple(str(endpoint) for endpoint in parse_endpoints([text]))
+        return endpoint_list(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -176,8 +185,8 @@ def _add_rpc_server_parser(commands: Any) -> None:
                                  "target of a specchat on another machine (trusted networks only)")
     server.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on "
                         "(default 127.0.0.1; 0.0.0.0: every interface)")
-    server.add_argument("--port", type=_port, default=DEFAULT_PORT,
-                        help=f"TCP port (default {DEFAULT_PORT})")
+    server.add_argument("--port", type=_port, default=DEFAULT_RPC_PORT,
+                        help=f"TCP port (default {DEFAULT_RPC_PORT})")
     server.add_argument("--threads", dest="server_threads", type=_positive_int,
                         help="CPU threads (default: every CPU this process may use)")
     server.add_argument("--device", dest="server_devices", type=_names, default=[],
@@ -191,23 +200,9 @@ def _names(text: str) -> list[str]:
 
 def rpc_server_command(args: argparse.Namespace) -> int:
     """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
-    from chatapp.thread_tuner import available_cores
-    from chatapp.backends.rpc import (SECURITY_NOTE, check_server_host, require_rpc, serve,
-                                      server_devices)
-    from chatapp.endpoints import Endpoint
+    from chatapp.backends.rpc import serve_command
 
-    check_server_host(args.host)
-    require_rpc()
-    endpoint = Endpoint(args.host, args.port)
-    devices = server_devices(args.server_devices)
-    threads = args.server_threads or available_cores()
-    print(f"specchat rpc-server on {endpoint}: {', '.join(d.name for d in devices)}, "
-          f"{threads} threads. {SECURITY_NOTE}", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the C loop never returns to Python's handler
-    serve(endpoint, threads, devices)
-    print(f"specchat rpc-server: could not listen on {endpoint}: the port is in use or the "
-          "address is not one of this machine's. Pick another --port or --host.", file=sys.stderr)
-    return 1
+    return serve_command(args.host, args.port, args.server_threads, args.server_devices)
 
 
 def load_settings(args: argparse.Namespace) -> Config:
@@ -220,8 +215,14 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 def bench(config: Config, args: argparse.Namespace) -> int:
     """`specchat bench` with the prompts and configurations its flags choose."""
-    from chatapp.bench import PROMPTS_PATH, bench_command, bench_max_tokens, default_specs, \
-        load_prompts, select_prompts
+    from chatapp.bench import (
+        PROMPTS_PATH,
+        bench_command,
+        bench_max_tokens,
+        default_specs,
+        load_prompts,
+        select_prompts,
+    )
 
     try:
         prompts = select_prompts(load_prompts(args.prompt_file or PROMPTS_PATH), args.prompts)
@@ -298,41 +299,41 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 
 def run_command(config: Config, prompt: str, as_json: bool) -> int:
     """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
-    from chatapp.endpoints import rpc_label
-    from chatapp.chat import Conversation
-    from chatapp.turns import PlanEvent
-    from chatapp.events import DoneEvent, TokenEvent
-    from chatapp.loader import build_session
-    from chatapp.stats import format_summary
+    from chatapp.chat.conversation import Conversation
+    from chatapp.chat.events import TokenEvent, format_summary
+    from chatapp.chat.loader import build_session
+    from chatapp.chat.turns import ChatEvent, PlanEvent
+    from chatapp.settings.config import rpc_label
 
     text = sys.stdin.read() if prompt == "-" else prompt
     session = build_session(config, _stderr_progress, with_draft=config.draft_length != "0")
     _stderr_progress("", None)
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
+
+    def show(event: ChatEvent) -> None:
+        if isinstance(event, PlanEvent):
+            if event.note:
+                print(f"note: {event.note}", file=sys.stderr)
+        elif as_json:
+            _print_json(event.to_json())
+        elif isinstance(event, TokenEvent):
+            print(event.text, end="", flush=True)
+
     chat = Conversation(config)
     chat.attach(session)
     try:
         turn = chat.begin(text)
         _cancel_on_interrupt(turn.cancel)
-        for event in chat.stream(turn):
-            if isinstance(event, PlanEvent):
-                if event.note:
-                    print(f"note: {event.note}", file=sys.stderr)
-            elif as_json:
-                _print_json(event.to_json())
-            elif isinstance(event, TokenEvent):
-                print(event.text, end="", flush=True)
-            if isinstance(event, DoneEvent):
-                chat.finish(turn, event.finish_reason.value, event.stats)
-                if not as_json:
-                    print()
-                    reason = event.finish_reason.value
-                    note = "" if reason == "stop" else f" ({reason})"
-                    where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
-                    print(f"{format_summary(event.stats)}{note}{where}", file=sys.stderr)
+        reply = chat.run(turn, show)
     finally:
         chat.close()
+    if not as_json and reply.stats is not None:
+        print()
+        reason = reply.finish_reason
+        note = "" if reason == "stop" else f" ({reason})"
+        where = f" Target {rpc_label(config.rpc)}." if config.rpc else ""
+        print(f"{format_summary(reply.stats)}{note}{where}", file=sys.stderr)
     return 0
 
 
@@ -350,50 +351,11 @@ def _cancel_on_interrupt(cancel: threading.Event) -> None:
 
 
 def models_command(config: Config) -> int:
-    from chatapp.catalog import CATALOG, install_hint, is_ready, licence_text, missing_parts
+    """`specchat models`: the known models, what is installed, and which file runs and why."""
+    from chatapp.chat.models import model_report
 
-    for spec in CATALOG.values():
-        if is_ready(spec):
-            status = "ready"
-        elif not missing_parts(spec):
-            status = "installed (joined and verified on first use)"
-        else:
-            status = f"not installed: {install_hint(spec)}"
-        roles = [r for r, alias in (("draft", config.draft), ("target", config.target))
-                 if alias == spec.alias]
-        role = f" [{', '.join(roles)}]" if roles else ""
-        text = licence_text(spec)
-        licence = f"{spec.licence}, text in {text}" if text else spec.licence
-        print(f"{spec.alias}{role}\n  {spec.display_name}, {spec.size / 1e6:.0f} MB, "
-              f"{licence}\n  {status}")
-        for line in _layout_lines(spec, roles, config):
-            print(f"  {line}")
+    print("\n".join(model_report(config)))
     return 0
-
-
-def _layout_lines(spec: Any, roles: list[str], config: Config) -> list[str]:
-    """Which file runs for ``spec`` in each of its ``roles`` on llama.cpp here, and why."""
-    from chatapp.backends.layouts import prepared_path, prepared_sha256
-    from chatapp.catalog import assembled_path
-    from chatapp.loader import layout_plan
-
-    backends = {"target": config.backend, "draft": config.draft_backend_name}
-    lines = []
-    for role in roles:
-        if backends[role] != "llama" or (role == "target" and config.rpc):
-            continue
-        plan = layout_plan(spec.alias, role, config)
-        shipped = assembled_path(spec)
-        if plan.layout is None:
-            lines.append(f"as the {role}: runs the shipped file ({plan.reason})")
-            continue
-        path = prepared_path(shipped, plan.layout)
-        sha256 = prepared_sha256(shipped, plan.layout)
-        state = (f"prepared, sha256 {sha256}" if sha256 else "prepared from the shipped file on "
-                 "first use (once)")
-        lines.append(f"as the {role}: runs the {plan.layout.name} layout, {path.name} "
-                     f"({plan.reason}); {state}")
-    return lines
 
 
 if __name__ == "__main__":

@@ -27,8 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import IO, BinaryIO
 
-from platformdirs import (user_cache_dir, user_config_dir, user_data_dir, user_documents_dir,
-                          user_state_dir)
+from platformdirs import (
+    user_cache_dir,
+    user_config_dir,
+    user_data_dir,
+    user_documents_dir,
+    user_state_dir,
+)
 
 APP_NAME = "specchat"
 PRIVATE_DIR_MODE = 0o700

@@ -34,11 +34,10 @@ import webbrowser
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import textual_serve
 from aiohttp import WSMsgType, web
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
-
-import textual_serve
 
 HOST = "127.0.0.1"
 STATIC_DIR = Path(textual_serve.__file__).parent / "static"

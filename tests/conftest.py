@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 # -- The chat app (tests/test_tui*.py): fake backends, a recording session, a fake clock ---------
-
 import dataclasses
 import threading
 import time
@@ -13,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.backends.base import ChatMessage
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
-from chatapp.config import Config
-from chatapp.draft_policy import DraftPolicy
-from chatapp.drafting import ModelDrafter
-from chatapp.engine import SpeculativeEngine
-from chatapp.events import Event
-from chatapp.loader import generation_settings
-from chatapp.session import ChatSession, PromptPlan
+from chatapp.chat.loader import generation_settings
+from chatapp.chat.session import ChatSession, PromptPlan
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import DraftPolicy
+from chatapp.engine.events import Event
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.settings.config import Config
 
 
 class TuiFakeClock:
@@ -97,7 +96,7 @@ def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 40
 @pytest.fixture(autouse=True)
 def private_state_dir(tmp_path_factory: pytest.TempPathFactory,
                       monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The auto policy's memory (``chatapp.policy_memory``) goes to a folder of the test's own,
+    """The auto policy's memory (``chatapp.policy.memory``) goes to a folder of the test's own,
     never to the user's state dir."""
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
@@ -107,10 +106,10 @@ def private_state_dir(tmp_path_factory: pytest.TempPathFactory,
 @pytest.fixture
 def tui_engine_clock(monkeypatch: pytest.MonkeyPatch) -> TuiFakeClock:
     """The engine's timings come from a fake clock (deterministic numbers for snapshots)."""
-    import chatapp.engine
+    import chatapp.engine.loop
 
     clock = TuiFakeClock()
-    monkeypatch.setattr(chatapp.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(chatapp.engine.loop, "time", types.SimpleNamespace(perf_counter=clock))
     return clock
 
 
@@ -123,7 +122,6 @@ def tui_make_app(tmp_path):
         config = config or Config(draft_length="3", drafter="model", seed=0, temperature=0.0)
         kwargs.setdefault("history_path", tmp_path / "data" / "history.sqlite3")
         kwargs.setdefault("export_dir", tmp_path / "exports")
-        kwargs.setdefault("clock", TuiFakeClock())
         return SpecChatApp(config, session_factory=factory or tui_fake_factory(), **kwargs)
 
     return make

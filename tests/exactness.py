@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from chatapp.backends.fake import STOP_ID, FakeBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.engine import SpeculativeEngine
-from chatapp.sampling import SamplingParams, probabilities
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams, probabilities
+from chatapp.policy.fixed import FixedDraftLength
 from tests.stat_tools import fits
 from tests.test_ngram import _run
 

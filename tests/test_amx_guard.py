@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends import amx_guard, amx_probe
-from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.amx_guard import Guard, build_has_amx, cpu_flags, plan_guard
+from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"})
 EPYC = frozenset({"avx512f", "avx512_vnni", "avx2"})

@@ -14,9 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from chatapp.auto_policy import FREE_MAX_K, AutoDraftLength
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
-from chatapp.drafting import MODEL_SOURCE, DraftBudget, ShadowScore
+from chatapp.engine.contracts import (
+    MODEL_SOURCE,
+    DraftBudget,
+    DraftPolicy,
+    ShadowScore,
+    StepOutcome,
+)
+from chatapp.policy.auto import FREE_MAX_K, AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
 
 NGRAM = "ngram"
 TOKENS = 1500  # output tokens per run: a few long replies

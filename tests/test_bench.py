@@ -10,9 +10,18 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.bench import (PROMPTS_PATH, BenchBackends, BenchPrompt, RunSpec, bench_command,
-                           default_specs, geometric_mean, load_prompts, select_prompts)
-from chatapp.config import Config
+from chatapp.bench import (
+    PROMPTS_PATH,
+    BenchBackends,
+    BenchPrompt,
+    RunSpec,
+    bench_command,
+    default_specs,
+    geometric_mean,
+    load_prompts,
+    select_prompts,
+)
+from chatapp.settings.config import Config
 
 PROMPTS = [BenchPrompt("one", "code-edit", "the spec token is the draft token"),
            BenchPrompt("two", "prose", "You and the user")]
@@ -170,19 +179,19 @@ class TimedFake(FakeBackend):
 def test_engine_share_is_the_time_outside_the_model_calls(tmp_path: Path, monkeypatch) -> None:
     import time
 
-    import chatapp.engine
+    import chatapp.engine.loop
 
     clock = FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     sampling_calls = []
-    real_greedy_tokens = chatapp.engine.greedy_tokens
+    real_greedy_tokens = chatapp.engine.loop.greedy_tokens
 
     def costly_greedy_tokens(logits):  # the engine's own work: 1 ms per (greedy) target step
         clock.now += 0.001
         sampling_calls.append(1)
         return real_greedy_tokens(logits)
 
-    monkeypatch.setattr(chatapp.engine, "greedy_tokens", costly_greedy_tokens)
+    monkeypatch.setattr(chatapp.engine.loop, "greedy_tokens", costly_greedy_tokens)
     target = TimedFake(clock, 0.050)
     backends = BenchBackends(target, TimedFake(clock, 0.010, noise=1.0))
     out = io.StringIO()
@@ -244,7 +253,7 @@ def test_thread_counts_per_configuration(tmp_path: Path) -> None:
 
 
 def test_busy_processes_run_beside_the_bench_and_stop() -> None:
-    from chatapp.busy import BusyProcesses
+    from chatapp.bench.busy import BusyProcesses
 
     with BusyProcesses(2, max_s=30) as busy:
         assert busy.running == 2
@@ -253,8 +262,13 @@ def test_busy_processes_run_beside_the_bench_and_stop() -> None:
 
 def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
     """Turn n's prompt is the whole chat so far: it holds every earlier user turn and reply."""
-    from chatapp.bench.conversation import (Conversation, conversation_command, load_conversation,
-                                            reply_text, run_conversation)
+    from chatapp.bench.conversation import (
+        Conversation,
+        conversation_command,
+        load_conversation,
+        reply_text,
+        run_conversation,
+    )
     from chatapp.bench.runner import Bench
 
     assert len(load_conversation().turns) == 4  # write, then three changes

@@ -10,9 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from chatapp import catalog, user_files
-from chatapp.catalog import (CATALOG, ModelIntegrityError, ModelNotFoundError, ModelPart, ModelSpec,
-                             ensure_model, is_ready, resolve_model)
+from chatapp import user_files
+from chatapp.backends import catalog
+from chatapp.backends.catalog import (
+    CATALOG,
+    ModelIntegrityError,
+    ModelNotFoundError,
+    ModelPart,
+    ModelSpec,
+    ensure_model,
+    is_ready,
+    resolve_model,
+)
 
 
 @pytest.fixture

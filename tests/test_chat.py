@@ -1,4 +1,4 @@
-"""The conversation layer (chatapp.chat) without a front end: fake backends, a real history."""
+"""The conversation layer (chatapp.chat.conversation) without a front end: fake backends, a real history."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from chatapp.chat import ChatActionError, Conversation
-from chatapp.config import Config
-from chatapp.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.history import HistoryStore
-from chatapp.turns import PlanEvent, Turn
+from chatapp.chat.conversation import ChatActionError, Conversation
+from chatapp.chat.events import TokenEvent
+from chatapp.chat.history import HistoryStore
+from chatapp.chat.turns import ChatEntry, PlanEvent, Turn, k_label
+from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
 CONFIG = Config(draft_length="3", drafter="model", seed=0, temperature=0.9)
@@ -26,20 +26,13 @@ def chat(tmp_path):
     history.close()
 
 
-def run(chat: Conversation, turn: Turn) -> None:
-    """Stream ``turn`` the way a front end does, and finish it."""
-    pieces = []
-    for event in chat.stream(turn):
-        if isinstance(event, PlanEvent):
-            assert event.prompt_tokens > 0 and event.dropped_messages == 0
-        elif isinstance(event, TokenEvent):
-            pieces.append((event.text, event.source))
-        elif isinstance(event, StepEvent):
-            turn.add_step(pieces, event, chat.clock())
-            pieces = []
-        elif isinstance(event, DoneEvent):
-            turn.add_step(pieces, None, chat.clock())
-            chat.finish(turn, event.finish_reason.value, event.stats)
+def run(chat: Conversation, turn: Turn) -> ChatEntry:
+    """Run ``turn`` through the conversation's own path (``Conversation.run``)."""
+    events = []
+    entry = chat.run(turn, events.append)
+    plans = [event for event in events if isinstance(event, PlanEvent)]
+    assert plans == [events[0]] and plans[0].prompt_tokens > 0 and plans[0].dropped_messages == 0
+    return entry
 
 
 def saved(chat: Conversation, chat_id: int | None = None) -> list[tuple[str, str]]:
@@ -54,6 +47,31 @@ def test_a_turn_is_saved_with_its_stats_and_added_to_the_chat(chat):
     assert saved(chat) == [("user", "hello"), ("assistant", reply.content)] and reply.content
     stored = chat.history.messages(chat.chat_id)[1]
     assert stored.stats == reply.stats and stored.meta["k"] == reply.k_label == "3"
+
+
+def test_run_applies_every_event_and_fails_the_turn_when_a_front_end_raises(chat):
+    turn = chat.begin("hello")
+    entry = run(chat, turn)
+    assert entry is chat.entries[-1] and entry.content == turn.text != ""
+    assert entry.stats == turn.stats() and len(turn.steps) > 1
+    assert dataclasses.replace(turn.steps[-1].stats, total_s=entry.stats.total_s) == entry.stats
+
+    def broken(event: object) -> None:
+        if isinstance(event, TokenEvent) and event.step == 1:
+            raise OSError("stdout is gone")
+
+    turn = chat.begin("again")
+    with pytest.raises(OSError, match="stdout is gone"):
+        chat.run(turn, broken)
+    kept = chat.entries[-1]
+    assert chat.turn is None and kept.finish_reason == turn.finish_reason == "error"
+    assert kept.content == turn.text != "" and saved(chat)[-1] == ("assistant", turn.text)
+
+
+def test_the_k_label_is_formatted_from_numbers() -> None:
+    assert k_label(3, adaptive=False) == "3" and k_label(4, adaptive=True) == "auto(4)"
+    assert k_label(3, False, [3, 3]) == "3" and k_label(3, False, [3, 4, 2]) == "3→2"
+    assert k_label(3, True, [2, 5, 3]) == "auto 2–5" and k_label(3, True, [4, 4]) == "auto 4"
 
 
 def test_a_regeneration_that_fails_before_a_token_keeps_the_old_reply(chat):
@@ -104,9 +122,9 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     """The default drafter's suffix index (``session.history_index``) holds the saved chats'
     text: a new chat's text is kept under its id once saved, and a deleted chat leaves it."""
     from chatapp.backends.fake import FakeBackend
-    from chatapp.engine import SpeculativeEngine
-    from chatapp.loader import generation_settings, load_history_index, make_drafter
-    from chatapp.session import ChatSession
+    from chatapp.chat.loader import generation_settings, load_history_index, make_drafter
+    from chatapp.chat.session import ChatSession
+    from chatapp.engine.loop import SpeculativeEngine
 
     config = dataclasses.replace(CONFIG, drafter="ngram")
     history = HistoryStore(tmp_path / "history.sqlite3")

@@ -5,10 +5,10 @@ Fake backends (fast, deterministic); each test fails if the feature it names bre
 
 from __future__ import annotations
 
-from chatapp.config import Config
-from chatapp.events import TokenEvent
-from chatapp.history import HistoryStore
-from chatapp.stats import TurnStats
+from chatapp.chat.history import HistoryStore
+from chatapp.engine.events import TokenEvent
+from chatapp.engine.stats import TurnStats
+from chatapp.settings.config import Config
 from chatapp.tui.chat_actions import last_code_block
 from chatapp.tui.keys import help_sections
 from chatapp.tui.widgets import MessageView

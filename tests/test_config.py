@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatapp.cli import build_parser, load_settings, main
-from chatapp.config import Config, ConfigError, load_config
-from chatapp.config_file import save_config
+from chatapp.settings.config import Config, ConfigError, load_config
+from chatapp.settings.config_file import save_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:

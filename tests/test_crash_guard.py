@@ -19,7 +19,7 @@ REPO = Path(__file__).parent.parent
 def supervised(body: str, log: Path, **kwargs) -> subprocess.Popen[str]:
     """``body`` (Python) as the supervised run of a fresh process."""
     code = ("import sys\nfrom chatapp.crash_guard import supervised\n"
-            f"def run():\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
+            "def run():\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
             "sys.exit(supervised(run))\n")
     env = {**os.environ, "SPECCHAT_CRASH_LOG": str(log)}
     env.pop("SPECCHAT_NO_SUPERVISOR", None)

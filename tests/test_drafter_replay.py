@@ -1,4 +1,4 @@
-"""The offline replay of the model-free drafter (chatapp.drafter_replay)."""
+"""The offline replay of the model-free drafter (chatapp.bench.drafter_replay)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from chatapp.backends.base import ChatMessage
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
-from chatapp.drafter_replay import ceiling_speedup, conversation_chats, main, replay
-from chatapp.ngram import NgramDrafter
+from chatapp.bench.drafter_replay import ceiling_speedup, conversation_chats, main, replay
+from chatapp.drafters.lookup import NgramDrafter
 
 
 def test_replay_counts_the_target_calls_of_greedy_verification(capsys) -> None:

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.edit_drafter import CONFIDENT_RUN, LONG_RUN, EditDrafter, EditTracker
-from chatapp.drafting import DraftBudget
-from chatapp.engine import SpeculativeEngine
-from chatapp.ngram import NgramDrafter, NgramIndex
-from chatapp.sampling import SamplingParams
+from chatapp.drafters.edits import CONFIDENT_RUN, LONG_RUN, EditDrafter, EditTracker
+from chatapp.drafters.lookup import NgramDrafter, NgramIndex
+from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
 from tests.exactness import assert_two_token_distribution_exact, uncertain_case
 from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 

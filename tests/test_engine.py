@@ -8,15 +8,22 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from chatapp.backends.base import ChatMessage
+from chatapp.backends.base import BackendError
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import STOP_ID, FakeBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import ModelDrafter, evaluate_sequence
-from chatapp.engine import (ContextOverflowError, GenerationSettings, IncompatibleModelsError,
-                            SpeculativeEngine, TextStream)
-from chatapp.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
-from chatapp.sampling import SamplingParams, probabilities
-from tests.stat_tools import fits
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.engine.loop import (
+    ContextOverflowError,
+    GenerationSettings,
+    IncompatibleModelsError,
+    SpeculativeEngine,
+    TextStream,
+    check_compatible,
+)
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.fixed import FixedDraftLength
 
 PROMPT = FakeBackend().tokenize("user: hello there\nassistant: ")
 
@@ -159,8 +166,7 @@ def test_text_is_streaming_safe_across_a_split_character() -> None:
 
 def test_incompatible_vocabularies_are_refused_naming_both_models() -> None:
     with pytest.raises(IncompatibleModelsError, match="'small'.*'big'"):
-        SpeculativeEngine.from_backends(FakeBackend(name="big"),
-                                        FakeBackend(name="small", vocab_size=40))
+        check_compatible(FakeBackend(name="small", vocab_size=40), FakeBackend(name="big"))
 
 
 def test_prompt_longer_than_the_context_is_refused() -> None:
@@ -176,7 +182,7 @@ def test_generation_stops_at_the_context_limit() -> None:
 
 
 def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
-    from chatapp.session import ChatSession
+    from chatapp.chat.session import ChatSession
 
     engine = SpeculativeEngine(FakeBackend(n_ctx=120))
     session = ChatSession(engine, GenerationSettings(max_tokens=20), seed=0, system_prompt="K")
@@ -188,3 +194,84 @@ def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
     assert len(plan.tokens) + 20 <= 120
     with pytest.raises(ContextOverflowError, match="Shorten the message"):
         session.plan_prompt([ChatMessage("user", "the " * 200)])
+
+
+class CountingReads(FakeBackend):
+    """A fake model that counts how often its cache is read back (a full copy in llama.cpp)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reads = 0
+
+    @property
+    def cached_tokens(self):
+        self.reads += 1
+        return super().cached_tokens
+
+
+def test_a_draft_reads_the_cache_once_and_feeds_later_tokens_one_by_one() -> None:
+    backend = CountingReads(noise=1.0)
+    drafter = ModelDrafter(backend)
+    drafter.prefill(PROMPT)
+    backend.reads, backend.evaluate_calls = 0, []
+    proposal = drafter.draft(PROMPT, 6, SamplingParams(0.0), np.random.default_rng(0))
+    assert len(proposal.tokens) == 6 and backend.reads == 1
+    assert backend.evaluate_calls == [1] * 6
+    assert list(backend.cached_tokens) == PROMPT + proposal.tokens[:-1]
+    # The same tokens as feeding each whole sequence to a fresh model.
+    fresh = FakeBackend(noise=1.0)
+    for i, token in enumerate(proposal.tokens):
+        logits = evaluate_sequence(fresh, PROMPT + proposal.tokens[:i], 1)
+        assert int(np.argmax(logits[0])) == token
+
+
+class FailingTarget(FakeBackend):
+    """A fake target whose ``fail_at``-th evaluation raises, its cache left as it was (as the
+    backends promise)."""
+
+    def __init__(self, fail_at: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def evaluate(self, tokens, n_logits: int) -> np.ndarray:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise BackendError("the target failed")
+        return super().evaluate(tokens, n_logits)
+
+
+def _only_verified(engine: SpeculativeEngine, history: list[int]) -> None:
+    """Both caches hold a prefix of ``history`` (the prompt and the tokens emitted): nothing
+    drafted and not verified, nothing the reply does not have."""
+    for backend in (engine.target, engine.drafter.backend):
+        cached = list(backend.cached_tokens)
+        assert cached == history[:len(cached)], backend.name
+
+
+def test_a_backend_error_mid_step_leaves_no_unverified_positions() -> None:
+    # Evaluation 1 is the prompt, 2 and 3 verify steps 0 and 1; the 4th fails after step 2's
+    # draft: the draft model's cache holds the drafted tokens then.
+    engine = SpeculativeEngine(FailingTarget(fail_at=4, name="target"),
+                               ModelDrafter(FakeBackend(noise=1.0, name="draft")))
+    events = []
+    with pytest.raises(BackendError, match="target failed"):
+        for event in engine.generate(PROMPT, GenerationSettings(max_tokens=60),
+                                     np.random.default_rng(0), FixedDraftLength(4)):
+            events.append(event)
+    assert [e.step for e in events if isinstance(e, StepEvent)] == [0, 1]
+    _only_verified(engine, PROMPT + _ids(events))
+
+
+def test_a_stream_closed_mid_step_leaves_no_unverified_positions() -> None:
+    engine = _engine()
+    stream = engine.generate(PROMPT, GenerationSettings(max_tokens=60),
+                             np.random.default_rng(0), FixedDraftLength(4))
+    events = []
+    for event in stream:
+        events.append(event)
+        if isinstance(event, TokenEvent) and event.step == 2:
+            break  # the target's cache holds step 2's whole proposal now
+    assert len(engine.target.cached_tokens) > len(PROMPT + _ids(events))
+    stream.close()
+    _only_verified(engine, PROMPT + _ids(events))

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import ModelDrafter, evaluate_sequence
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, FinishReason, StepEvent, TokenEvent
-from chatapp.sampling import SamplingParams
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.fixed import FixedDraftLength
 
 turn_plans = st.lists(
     st.fixed_dictionaries({

@@ -18,16 +18,19 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-import chatapp.engine
-import chatapp.speculative as speculative
-from chatapp.auto_policy import AutoDraftLength
+import chatapp.engine.loop
+import chatapp.engine.verify as speculative
 from chatapp.backends.fake import STOP_ID, FakeBackend
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength
-from chatapp.drafting import Drafter, ModelDrafter, evaluate_sequence
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import StepEvent, TokenEvent, TokenSource
-from chatapp.ngram import NgramDrafter, NgramModelDrafter
-from chatapp.sampling import SamplingParams, probabilities
+from chatapp.drafters.combined import NgramModelDrafter
+from chatapp.drafters.lookup import NgramDrafter
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import Drafter, DraftPolicy
+from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams, probabilities
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
 from tests.stat_tools import fits
 
 VOCAB = 6  # token 0 is the stop token, made unreachable so every reply has four tokens
@@ -66,7 +69,7 @@ class TimedBackend(FakeBackend):
 
 @pytest.fixture(autouse=True)
 def simulated_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chatapp.engine, "time", CLOCK)
+    monkeypatch.setattr(chatapp.engine.loop, "time", CLOCK)
 
 
 def backend(noise: float = 0.0) -> FakeBackend:

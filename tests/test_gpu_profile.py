@@ -23,9 +23,15 @@ import pytest
 import torch
 
 from chatapp.bench import gpu_profile
-from chatapp.bench.gpu_profile import (SyntheticDrafter, build_backend, category_acceptance, main,
-                                       predicted_speedup, syncs_per_step)
-from chatapp.engine import SpeculativeEngine
+from chatapp.bench.gpu_profile import (
+    SyntheticDrafter,
+    build_backend,
+    category_acceptance,
+    main,
+    predicted_speedup,
+    syncs_per_step,
+)
+from chatapp.engine.loop import SpeculativeEngine
 
 MAX_N = 6
 ACCEPT = 0.8

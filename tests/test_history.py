@@ -7,10 +7,15 @@ import stat
 
 import pytest
 
-from chatapp.events import TokenSource
-from chatapp.history import (SCHEMA_VERSION, HistoryError, HistoryStore, decode_runs,
-                             encode_runs)
-from chatapp.stats import TurnStats
+from chatapp.chat.history import (
+    SCHEMA_VERSION,
+    HistoryError,
+    HistoryStore,
+    decode_runs,
+    encode_runs,
+)
+from chatapp.engine.events import TokenSource
+from chatapp.engine.stats import TurnStats
 
 STATS = TurnStats(tokens=12, prompt_tokens=30, drafted=15, accepted=9, target_calls=5,
                   per_position_accepted=(0.8, 0.6, 0.4), draft_s=0.1, verify_s=0.3,

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from chatapp.history import HistoryStore
+from chatapp.chat.history import HistoryStore
 
 
 def test_two_instances_writing_at_once_lose_nothing(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_a_writer_killed_mid_stream_keeps_every_finished_message(tmp_path: Path)
     writer = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        from chatapp.history import HistoryStore
+        from chatapp.chat.history import HistoryStore
         store = HistoryStore(Path({str(path)!r}))
         chat = store.create_chat("killed")
         i = 0

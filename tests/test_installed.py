@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
+from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
 
 SOURCE_TREE = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -86,7 +86,7 @@ def test_a_batch_evaluation_survives_in_a_child_process(tmp_path: Path) -> None:
     """The first batched evaluation is where llama.cpp's AMX kernels crash (issue 20824)."""
     code = f"""
 from chatapp.backends.llama_cpp import LlamaCppBackend, runtime_notes
-from chatapp.catalog import resolve_model
+from chatapp.backends.catalog import resolve_model
 backend = LlamaCppBackend(resolve_model({DEFAULT_DRAFT!r}), n_ctx=512)
 tokens = backend.tokenize("def add(a, b):\\n    return a + b\\n" * 4)
 logits = backend.evaluate(tokens, 5)

@@ -9,10 +9,20 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends import layouts
-from chatapp.backends.layouts import (CpuLayouts, Fidelity, Layout, LayoutChoice, LayoutError,
-                                      LayoutSetting, is_faithful, plan_layout, prepare_layout,
-                                      prepared_path, prepared_sha256)
-from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET
+from chatapp.backends.layouts import (
+    CpuLayouts,
+    Fidelity,
+    Layout,
+    LayoutChoice,
+    LayoutError,
+    LayoutSetting,
+    is_faithful,
+    plan_layout,
+    prepare_layout,
+    prepared_path,
+    prepared_sha256,
+)
 
 CLOSE = Layout("close", "Q8_0", 34 / 32, Fidelity(0.004, 0.98))
 COARSE = Layout("coarse", "Q4_0", 18 / 32, Fidelity(0.06, 0.86))

@@ -18,13 +18,15 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from chatapp.backends.base import Backend, BackendError, ChatMessage  # noqa: E402
+from chatapp.backends.base import Backend, BackendError
+from chatapp.backends.chat_template import ChatMessage  # noqa: E402
 from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
-from chatapp.draft_policy import FixedDraftLength  # noqa: E402
-from chatapp.drafting import ModelDrafter, evaluate_sequence  # noqa: E402
-from chatapp.engine import GenerationSettings, SpeculativeEngine  # noqa: E402
-from chatapp.events import DoneEvent, TokenEvent, TokenSource  # noqa: E402
-from chatapp.sampling import SamplingParams  # noqa: E402
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import DoneEvent, TokenEvent, TokenSource  # noqa: E402
+from chatapp.engine.kv import evaluate_sequence  # noqa: E402
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine  # noqa: E402
+from chatapp.engine.sampling import SamplingParams  # noqa: E402
+from chatapp.policy.fixed import FixedDraftLength  # noqa: E402
 
 pytestmark = pytest.mark.real_models
 
@@ -289,7 +291,13 @@ def test_never_imports_torch(smollm_path: Path) -> None:
 # -- the real default pair --------------------------------------------------------------------
 
 def test_default_pair_greedy_k3() -> None:
-    from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ensure_model, missing_parts
+    from chatapp.backends.catalog import (
+        CATALOG,
+        DEFAULT_DRAFT,
+        DEFAULT_TARGET,
+        ensure_model,
+        missing_parts,
+    )
 
     specs = [CATALOG[DEFAULT_DRAFT], CATALOG[DEFAULT_TARGET]]
     if any(missing_parts(spec) for spec in specs):
@@ -298,7 +306,7 @@ def test_default_pair_greedy_k3() -> None:
     draft, target = LlamaCppBackend(draft_path), LlamaCppBackend(target_path)
     try:
         assert draft.vocab_fingerprint() == target.vocab_fingerprint()
-        engine = SpeculativeEngine.from_backends(target, draft)
+        engine = SpeculativeEngine(target, ModelDrafter(draft))
         prompt = target.chat_prompt([ChatMessage("user", "Write a Python hello world.")])
         events = list(engine.generate(prompt, GenerationSettings(max_tokens=24),
                                       np.random.default_rng(0), FixedDraftLength(3)))

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from chatapp.bench.llama_cpp_compare import (
+    SPEC_MODES,
+    LlamaCpp,
+    LlamaCppCompareError,
+    parse_bench_output,
+    parse_speculative_output,
+    prompt_text,
+)
 from chatapp.errors import UserFacingError
-from chatapp.bench.llama_cpp_compare import (SPEC_MODES, LlamaCpp, LlamaCppCompareError,
-                                       parse_bench_output, parse_speculative_output, prompt_text)
 
 SPEC_OUTPUT = """main: encoded   42 tokens in    0.700 seconds, speed:   60.000 t/s
 main: decoded  129 tokens in    6.450 seconds, speed:   20.000 t/s
@@ -90,10 +96,10 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
 
     import chatapp.bench.llama_cpp_compare as compare
     import chatapp.bench.runner as runner
-    from chatapp.backends.base import ChatMessage
+    from chatapp.backends.chat_template import ChatMessage
     from chatapp.backends.fake import FakeBackend
     from chatapp.bench.specs import BenchPrompt, RunSpec
-    from chatapp.config import Config
+    from chatapp.settings.config import Config
 
     prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")
     count = len(FakeBackend().chat_prompt([ChatMessage("user", prompt.text)]))

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.memory import InsufficientMemoryError, available_memory, check_fits, estimate_bytes
+from chatapp.backends.memory import (
+    InsufficientMemoryError,
+    available_memory,
+    check_fits,
+    estimate_bytes,
+)
 
 
 def _model(tmp_path: Path, size: int) -> Path:

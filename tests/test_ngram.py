@@ -5,17 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chatapp.chat as chat
-import chatapp.loader as loader
+import chatapp.chat.conversation as chat
+import chatapp.chat.loader as loader
 from chatapp.backends.fake import FakeBackend
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import DraftBudget, ModelDrafter, one_hot_rows
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.ngram import NgramDrafter, NgramIndex, NgramModelDrafter
-from chatapp.sampling import SamplingParams
+from chatapp.drafters.combined import NgramModelDrafter
+from chatapp.drafters.lookup import NgramDrafter, NgramIndex
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import DraftBudget, one_hot_rows
+from chatapp.engine.events import DoneEvent, TokenEvent
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.settings.config import Config
 from tests.stat_tools import fits
 
 GREEDY = SamplingParams()
@@ -228,8 +230,8 @@ def test_first_token_distribution_matches_target_only_when_sampling() -> None:
 
 def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from chatapp.chat.session import ChatSession
     from chatapp.cli import main
-    from chatapp.session import ChatSession
 
     policies: list[AutoDraftLength] = []
 

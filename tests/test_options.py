@@ -1,4 +1,4 @@
-"""chatapp.options is the one source of the settings' rules: the config, the CLI and the Settings
+"""chatapp.settings.options is the one source of the settings' rules: the config, the CLI and the Settings
 screen refuse the same values with the same text."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from chatapp.cli import main
-from chatapp.config import Config, ConfigError
-from chatapp.options import OPTIONS, OptionError
+from chatapp.settings.config import Config, ConfigError
+from chatapp.settings.options import OPTIONS, OptionError
 
 BAD = {"temperature": "-1", "top_k": "-1", "top_p": "1.5", "max_tokens": "0", "n_ctx": "63",
        "threads": "0", "draft_length": "17", "device": "gpu"}

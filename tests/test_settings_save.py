@@ -12,7 +12,7 @@ import pytest
 from textual.widgets import Input, TextArea
 
 from chatapp.cli import build_parser, load_settings
-from chatapp.config import load_config
+from chatapp.settings.config import load_config
 from chatapp.tui.screens import SettingsScreen
 from tests.conftest import ready
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatapp.drafting import one_hot_rows
-from chatapp.sampling import SamplingParams, greedy_tokens, probabilities, sample
-from chatapp.speculative import verify, verify_greedy
+from chatapp.engine.contracts import one_hot_rows
+from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from chatapp.engine.verify import verify, verify_greedy
 from tests.stat_tools import fits
 
 V = 6

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-import chatapp.loader as loader
+import chatapp.chat.loader as loader
 from chatapp.backends.fake import FakeBackend
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.engine import SpeculativeEngine
-from chatapp.history import HistoryStore
-from chatapp.ngram import NgramDrafter
-from chatapp.sampling import SamplingParams
-from chatapp.suffix_drafter import LIVE, SuffixSource
-from chatapp.suffix_index import MAX_PROPOSAL, ORDERS, HistoryCorpus
+from chatapp.chat.history import HistoryStore
+from chatapp.drafters.lookup import NgramDrafter
+from chatapp.drafters.suffix import LIVE, SuffixSource
+from chatapp.drafters.suffix_index import MAX_PROPOSAL, ORDERS, HistoryCorpus
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.settings.config import Config
 from tests.exactness import assert_two_token_distribution_exact, uncertain_case
 from tests.test_ngram import _run  # one turn: the emitted token ids and the DoneEvent
 

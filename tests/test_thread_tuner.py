@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chatapp.thread_tuner import (AdaptiveThreads, FixedThreads, candidate_counts, first_count,
-                                  make_thread_choice)
+from chatapp.backends.threads import (
+    AdaptiveThreads,
+    FixedThreads,
+    candidate_counts,
+    first_count,
+    make_thread_choice,
+)
 
 
 def two_cores(threads: int, busy: bool) -> float:
@@ -134,7 +139,7 @@ def test_noisy_contention_where_the_other_count_is_very_costly(seed: int) -> Non
 
 
 def test_the_factory_fixes_a_given_count_and_adapts_otherwise() -> None:
-    from chatapp.thread_tuner import make_thread_choice
+    from chatapp.backends.threads import make_thread_choice
 
     assert isinstance(make_thread_choice(3, 8), FixedThreads) and make_thread_choice(3, 8).current == 3
     assert isinstance(make_thread_choice(None, 8), AdaptiveThreads)
@@ -210,7 +215,7 @@ def test_a_remembered_cost_that_does_not_parse_is_left_out() -> None:
 
 
 def test_the_memory_keeps_the_quiet_machines_costs(tmp_path) -> None:
-    from chatapp import thread_memory
+    from chatapp.backends import thread_memory
 
     path = tmp_path / "threads" / "model.json"
     assert thread_memory.recall(path) == {}

@@ -22,17 +22,24 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from chatapp.backends import hf_vocab, transformers_backend
-from chatapp.backends.base import Backend, BackendError, ChatMessage
+from chatapp.backends.base import Backend, BackendError
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.transformers_backend import TransformersBackend
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import ModelDrafter, Proposal
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import StepEvent, TokenEvent
-from chatapp.sampling import SamplingParams, probabilities
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import Proposal
+from chatapp.engine.events import StepEvent, TokenEvent
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams, probabilities
+from chatapp.policy.fixed import FixedDraftLength
 from tests.stat_tools import fits
 
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
@@ -319,7 +326,7 @@ def test_greedy_speculation_equals_target_only(greedy_reference: list[int], k: i
     tokenizer = make_tokenizer()
     target = TransformersBackend.from_model(target_model, tokenizer)
     drafter = TransformersBackend.from_model(draft_model, tokenizer)
-    engine = SpeculativeEngine.from_backends(target, drafter)
+    engine = SpeculativeEngine(target, ModelDrafter(drafter))
     tokens, steps = run(engine, k, SamplingParams(), 0, 48)
     assert tokens == greedy_reference
     drafted = sum(s.drafted for s in steps)
@@ -605,7 +612,7 @@ def test_smollm2_gguf_converts_once_and_chats(tmp_path: Path,
     # The same GGUF on llama.cpp drafts for the transformers target: one token list, so the pair
     # is accepted, and greedy verification keeps the target's own output.
     from chatapp.backends.llama_cpp import LlamaCppBackend
-    from chatapp.engine import check_compatible
+    from chatapp.engine.loop import check_compatible
 
     llama_draft = LlamaCppBackend(source, n_ctx=512)
     try:

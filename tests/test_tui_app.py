@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from chatapp.backends.base import BackendError
-from chatapp.config import Config
-from chatapp.draft_policy import FixedDraftLength
-from chatapp.drafting import DraftBudget
-from chatapp.events import StepEvent, TokenEvent, TokenSource
-from chatapp.history import HistoryStore
+from chatapp.chat.history import HistoryStore
+from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.settings.config import Config
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
 from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
@@ -148,7 +148,10 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
 
 async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
     class Adaptive:  # a policy without ``adjust``, like an auto policy
-        label = "auto(5)"
+        adaptive = True
+
+        def current_k(self) -> int:
+            return 5
 
         def start_turn(self) -> None:
             pass
@@ -239,7 +242,8 @@ async def test_stats_panel_shows_the_turn_and_past_turns_keep_theirs(tui_make_ap
         await pilot.press("ctrl+down")  # K 2 for the second turn
         await send(pilot, "two")
         await reply_done(pilot)
-        finals = [e.stats for turn in app.chat.session.turns for e in turn if hasattr(e, "stats")]
+        finals = [e.stats for turn in app.chat.session.turns for e in turn
+                  if isinstance(e, DoneEvent)]
         await pilot.press("f2")
         await pilot.pause()
         panel = app.stats_panel

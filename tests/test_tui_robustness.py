@@ -23,16 +23,24 @@ from typing import ClassVar
 import pytest
 from textual import events
 
-from chatapp.config import Config
-from chatapp.drafting import ModelDrafter
-from chatapp.engine import SpeculativeEngine
-from chatapp.events import TokenEvent
-from chatapp.history import HistoryStore
-from chatapp.loader import generation_settings
-from chatapp.terminal_text import Printable
+from chatapp.chat.history import HistoryStore
+from chatapp.chat.loader import generation_settings
+from chatapp.chat.terminal_text import Printable
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.events import TokenEvent
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.settings.config import Config
 from chatapp.tui.widgets import MessageView, Note, TokenText
-from tests.conftest import (EndlessFakeBackend, RecordingSession, keys, ready, reply_done, send,
-                            tui_fake_factory, wait_for)
+from tests.conftest import (
+    EndlessFakeBackend,
+    RecordingSession,
+    keys,
+    ready,
+    reply_done,
+    send,
+    tui_fake_factory,
+    wait_for,
+)
 
 SIZE = (120, 40)
 REPO = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """SVG snapshots of the chat app (pytest-textual-snapshot). Deterministic: fake backends, seed 0,
-greedy sampling, and fake clocks for both the engine's timings and the app's live figures.
+greedy sampling, and a fake clock for the engine's timings (the app shows the engine's figures).
 
 Update after an intended change of the look: pytest tests/test_tui_snapshots.py --snapshot-update
 """

@@ -7,8 +7,12 @@ import io
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.bench.verify_costs import (VerifyCost, full_acceptance_ceiling, measure_verify_costs,
-                                        print_verify_costs)
+from chatapp.bench.verify_costs import (
+    VerifyCost,
+    full_acceptance_ceiling,
+    measure_verify_costs,
+    print_verify_costs,
+)
 
 
 class SteppedBackend(FakeBackend):
@@ -56,5 +60,5 @@ def test_the_ceiling_is_the_size_with_most_tokens_per_one_token_time() -> None:
     assert out.getvalue().splitlines()[-2:] == [
         "Even with every draft token accepted, no step beats 2.40x plain decoding here "
         "(n = 32, of the sizes timed).",
-        "For python -m chatapp.drafter_replay: --costs 30.0"]  # n = 1 only: 16 does not follow
+        "For python -m chatapp.bench.drafter_replay: --costs 30.0"]  # n = 1 only: 16 does not follow
     assert full_acceptance_ceiling([VerifyCost(16, 0.240)]) is None

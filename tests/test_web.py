@@ -235,8 +235,9 @@ def is_zombie(pid: int) -> bool:
 
 async def test_an_app_that_does_not_quit_is_terminated_then_killed(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import chatapp.web
     from textual_serve.download_manager import DownloadManager
+
+    import chatapp.web
 
     monkeypatch.setattr(chatapp.web, "QUIT_GRACE_S", 0.2)
     monkeypatch.setattr(chatapp.web, "TERM_GRACE_S", 0.2)
@@ -352,8 +353,8 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
 
     from playwright import sync_api
 
-    from chatapp.config import Config
-    from chatapp.history import HistoryStore
+    from chatapp.chat.history import HistoryStore
+    from chatapp.settings.config import Config
     from chatapp.tui.app import SpecChatApp
 
     theme = SpecChatApp(Config()).get_css_variables()

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from chatapp.config import Config
+from chatapp.settings.config import Config
 from chatapp.tui.app import SpecChatApp
 from tests.conftest import tui_fake_factory
 

@@ -29,7 +29,7 @@ def serve(starts: str, history: str, options: Sequence[str]) -> int:
 
 
 def app(starts: str, history: str) -> int:
-    from chatapp.config import Config
+    from chatapp.settings.config import Config
     from chatapp.tui.app import SpecChatApp
     from tests.conftest import tui_fake_factory
 

@@ -33,7 +33,6 @@ from pathlib import Path
 
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
-
 _AMX_CPU_FLAGS = frozenset({"amx_tile", "amx_int8"})  # what ggml's AMX kernels execute
 
 # Linux x86-64 constants (linux/audit.h, asm/unistd_64.h, asm/prctl.h, linux/seccomp.h, linux/filter.h)

@@ -14,19 +14,13 @@ logits as a fresh evaluation of the same sequence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.threads import ThreadChoice
 from chatapp.errors import UserFacingError
-from chatapp.thread_tuner import ThreadChoice
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
-    content: str
 
 
 class BackendError(UserFacingError, RuntimeError):

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chatapp.backends.base import ChatMessage, ModelFacts
-from chatapp.thread_tuner import FixedThreads, ThreadChoice
+from chatapp.backends.base import ModelFacts
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.threads import FixedThreads, ThreadChoice
 
 STOP_ID = 0
 _PIECES: list[bytes] = (

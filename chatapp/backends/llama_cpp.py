@@ -33,12 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from chatapp.backends import amx_guard, amx_probe
-from chatapp.backends.base import BackendError, ChatMessage, ModelFacts
-from chatapp.chat_template import render_chat
-from chatapp import thread_memory
-from chatapp.machine_load import CpuSample, others_busy_cores
-from chatapp.thread_tuner import AdaptiveThreads, available_cores, make_thread_choice
+from chatapp.backends import amx_guard, amx_probe, thread_memory
+from chatapp.backends.base import BackendError, ModelFacts
+from chatapp.backends.chat_template import ChatMessage, render_chat
+from chatapp.backends.machine_load import CpuSample, others_busy_cores
+from chatapp.backends.threads import AdaptiveThreads, available_cores, make_thread_choice
 
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -372,7 +371,7 @@ class LlamaCppBackend(ModelFacts):
 
     def close(self) -> None:
         """Free the batch, the context and the model (keeping what the thread counts cost in
-        ``chatapp.thread_memory``). Safe to call twice."""
+        ``chatapp.backends.thread_memory``). Safe to call twice."""
         if isinstance(getattr(self, "thread_choice", None), AdaptiveThreads):
             thread_memory.remember(self.thread_choice.learnt(), self._thread_memory)
         lib = self._lib

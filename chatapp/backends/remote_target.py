@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from chatapp.backends.base import BackendError, ChatMessage
+from chatapp.backends.base import BackendError
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.rpc import ABORT_CALLBACK, ggml, probe, probe_all, require_rpc
-from chatapp.endpoints import Endpoint
 
 _ALL_LAYERS = -1  # n_gpu_layers: every layer and the output go to the listed devices
 _ERRORS: dict[str, type[Exception]] = {"BackendError": BackendError, "ValueError": ValueError}

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import signal
 import socket
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chatapp.backends.base import BackendError
+from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
-from chatapp.endpoints import Endpoint
+from chatapp.backends.threads import available_cores
 
 # The one command that installs llama-cpp-python with the RPC backend (and AMX code paths off).
 PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
@@ -254,3 +257,20 @@ def serve(endpoint: Endpoint, threads: int, devices: Sequence[Device]) -> None:
         ctypes.POINTER(ctypes.c_void_p)))
     pointers = (ctypes.c_void_p * len(devices))(*(d.pointer for d in devices))
     start(str(endpoint).encode(), None, threads, len(devices), pointers)
+
+
+def serve_command(host: str, port: int, threads: int | None, device_names: list[str]) -> int:
+    """`specchat rpc-server`: ggml's RPC server loop on ``host:port``, in the foreground until
+    killed (Ctrl-C); 1 when it could not listen."""
+    check_server_host(host)
+    require_rpc()
+    endpoint = Endpoint(host, port)
+    devices = server_devices(device_names)
+    threads = threads or available_cores()
+    print(f"specchat rpc-server on {endpoint}: {', '.join(d.name for d in devices)}, "
+          f"{threads} threads. {SECURITY_NOTE}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the C loop never returns to Python's handler
+    serve(endpoint, threads, devices)
+    print(f"specchat rpc-server: could not listen on {endpoint}: the port is in use or the "
+          "address is not one of this machine's. Pick another --port or --host.", file=sys.stderr)
+    return 1

@@ -44,11 +44,14 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from chatapp.backends.base import BackendError, ChatMessage, ModelFacts  # noqa: E402
 from chatapp import user_files  # noqa: E402
+from chatapp.backends.base import BackendError, ModelFacts
+from chatapp.backends.chat_template import (
+    ChatMessage,  # noqa: E402
+    render_chat,  # noqa: E402
+)
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
-from chatapp.chat_template import render_chat  # noqa: E402
-from chatapp.thread_tuner import make_thread_choice  # noqa: E402
+from chatapp.backends.threads import make_thread_choice  # noqa: E402
 
 GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20

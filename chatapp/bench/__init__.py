@@ -34,10 +34,16 @@ tools beside specchat, ``--against-llama-cpp``).
 """
 
 from chatapp.bench.command import bench_command, bench_max_tokens
-from chatapp.bench.runner import BenchBackends, rotated
 from chatapp.bench.report import geometric_mean
-from chatapp.bench.specs import (PROMPTS_PATH, BenchPrompt, RunSpec, default_specs, load_prompts,
-                                 select_prompts)
+from chatapp.bench.runner import BenchBackends, rotated
+from chatapp.bench.specs import (
+                                 PROMPTS_PATH,
+                                 BenchPrompt,
+                                 RunSpec,
+                                 default_specs,
+                                 load_prompts,
+                                 select_prompts,
+)
 
 __all__ = ["PROMPTS_PATH", "BenchBackends", "BenchPrompt", "RunSpec", "bench_command", "bench_max_tokens",
            "default_specs", "geometric_mean", "load_prompts", "rotated", "select_prompts"]

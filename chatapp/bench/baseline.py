@@ -26,7 +26,7 @@ from pathlib import Path
 
 from chatapp.bench.report import Row
 from chatapp.bench.specs import TARGET, BenchPrompt
-from chatapp.config import Config
+from chatapp.settings.config import Config
 
 BASELINE = "baseline target"  # the configuration name of the baseline's rows
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TextIO
 
 from chatapp.bench.baseline import BASELINE, Launcher
+from chatapp.bench.busy import BusyProcesses
 from chatapp.bench.report import print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
-from chatapp.busy import BusyProcesses
-from chatapp.config import Config
-from chatapp.loader import load_backend
+from chatapp.chat.loader import load_backend
+from chatapp.settings.config import Config
 
 DEFAULT_BENCH_TOKENS = 128
 BUSY_MAX_S = 3 * 3600  # --busy processes end by themselves after this, whatever happens

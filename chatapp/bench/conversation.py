@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.base import Backend
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer, rotated
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
-from chatapp.config import Config
-from chatapp.loader import load_backend
+from chatapp.chat.loader import load_backend
+from chatapp.settings.config import Config
 
 CONVERSATION_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_conversation.json"
 

@@ -39,8 +39,8 @@ from typing import TextIO
 import numpy as np
 
 from chatapp.bench.specs import BenchPrompt
-from chatapp.config import Config
 from chatapp.errors import UserFacingError
+from chatapp.settings.config import Config
 
 NO_AMX = "/noamx"
 DEFAULT_REPLY_TOKENS = 64
@@ -152,7 +152,7 @@ def side_main(argv: Sequence[str]) -> None:
     parser.add_argument("--generate", type=int, default=0)
     parser.add_argument("--n-ctx", type=int, default=4096)
     args = parser.parse_args(argv)
-    from chatapp.backends.base import ChatMessage
+    from chatapp.backends.chat_template import ChatMessage
     from chatapp.backends.llama_cpp import LlamaCppBackend
 
     backend = LlamaCppBackend(args.model, n_ctx=args.n_ctx)
@@ -245,8 +245,8 @@ def resolve_side(label: str, target: str, progress: Callable[[int, int], None] |
                  ) -> Side:
     """The side ``label`` names for the target ``target`` (an alias or a path): ``shipped``, a
     layout of the catalog target, or a GGUF path; ``/noamx`` at the end keeps AMX off."""
+    from chatapp.backends.catalog import CATALOG, resolve_model
     from chatapp.backends.layouts import prepare_layout
-    from chatapp.catalog import CATALOG, resolve_model
 
     name, amx_off = label.removesuffix(NO_AMX), label.endswith(NO_AMX)
     if name == "shipped":

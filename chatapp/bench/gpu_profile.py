@@ -41,16 +41,16 @@ from tokenizers import Tokenizer, models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from chatapp.backends.base import Backend
+from chatapp.backends.threads import FixedThreads
 from chatapp.backends.transformers_backend import TransformersBackend
 from chatapp.bench.specs import RunSpec
-from chatapp.draft_policy import MAX_DRAFT_LENGTH, FixedDraftLength
-from chatapp.drafting import (MODEL_SOURCE, DraftBudget, Proposal, common_prefix_length,
-                              evaluate_sequence, rollback_to_prefix)
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.sampling import SamplingParams, greedy_tokens
-from chatapp.stats import decode_tokens_per_s
-from chatapp.thread_tuner import FixedThreads
+from chatapp.engine.contracts import MAX_DRAFT_LENGTH, MODEL_SOURCE, DraftBudget, Proposal
+from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.engine.kv import common_prefix_length, evaluate_sequence, rollback_to_prefix
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams, greedy_tokens
+from chatapp.engine.stats import decode_tokens_per_s
+from chatapp.policy.fixed import FixedDraftLength
 
 _QWEN = dict(vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
 SHAPES: dict[str, dict[str, Any]] = {

@@ -31,7 +31,7 @@ def hf_assisted(target: Backend, draft: Backend, prompt: list[int], max_tokens: 
     """
     import torch
 
-    from chatapp.stats import TurnStats
+    from chatapp.engine.stats import TurnStats
 
     model, assistant = _torch_model(target), _torch_model(draft)
     device = next(model.parameters()).device

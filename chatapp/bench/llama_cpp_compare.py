@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.backends.catalog import resolve_model
+from chatapp.backends.threads import available_cores
 from chatapp.bench.report import Row
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
-from chatapp.catalog import resolve_model
-from chatapp.config import Config
+from chatapp.chat.loader import load_backend
 from chatapp.errors import UserFacingError
-from chatapp.loader import load_backend
-from chatapp.thread_tuner import available_cores
+from chatapp.settings.config import Config
 
 BENCH_TOOL = "llama-bench"
 SPEC_TOOL = "llama-speculative-simple"

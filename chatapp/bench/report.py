@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from chatapp.drafting import common_prefix_length
 from chatapp.bench.specs import TARGET, BenchPrompt
+from chatapp.engine.kv import common_prefix_length
 
 
 @dataclass

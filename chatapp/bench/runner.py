@@ -12,19 +12,19 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.base import Backend
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.threads import ThreadChoice, available_cores
+from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
-from chatapp.bench.baseline import BASELINE, baseline_row
 from chatapp.bench.report import Row, Run, compared_to, generation_speed, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
-from chatapp.config import Config
-from chatapp.draft_policy import DraftPolicy
-from chatapp.drafting import Drafter
-from chatapp.endpoints import rpc_label
-from chatapp.engine import GenerationSettings, SpeculativeEngine
-from chatapp.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.loader import generation_settings, load_backend, make_drafter, make_policy
-from chatapp.thread_tuner import ThreadChoice, available_cores
+from chatapp.chat.loader import generation_settings, load_backend, make_drafter, make_policy
+from chatapp.chat.turns import k_label
+from chatapp.engine.contracts import Drafter, DraftPolicy
+from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.settings.config import Config, rpc_label
 
 WARMUP_TOKENS = 24
 
@@ -249,7 +249,8 @@ class Bench:
                 done = event
         assert done is not None
         model_s = _model_seconds(self.backends.target, self.backends.draft) - model_before
-        return Run(output, done.stats, done.finish_reason.value, drafted, policy.label, model_s)
+        label = k_label(policy.current_k(), policy.adaptive)
+        return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
         speed = generation_speed(run.stats)

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatapp.options import DRAFTERS
-from chatapp.thread_tuner import ThreadChoice, make_thread_choice
+from chatapp.backends.threads import ThreadChoice, make_thread_choice
+from chatapp.settings.options import DRAFTERS
 
 PROMPTS_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_prompts.json"
 DEFAULT_K_VALUES = tuple(range(1, 9))

@@ -21,12 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.base import Backend
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
-from chatapp.config import Config
-from chatapp.drafting import LONGEST_FREE_DRAFT, evaluate_sequence
-from chatapp.loader import load_backend
+from chatapp.chat.loader import load_backend
+from chatapp.engine.contracts import LONGEST_FREE_DRAFT
+from chatapp.engine.kv import evaluate_sequence
+from chatapp.settings.config import Config
 
 REPEATS = 5
 LONGER_SIZES = (48, 64)  # beyond every n up to 2 x the longest draft: what long drafts could give
@@ -75,7 +77,7 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
                   f"decoding here (n = {best[0]}, of the sizes timed).\n")
     consecutive = [c for i, c in enumerate(costs, 1) if c.tokens == i]
     if consecutive:
-        out.write("For python -m chatapp.drafter_replay: --costs "
+        out.write("For python -m chatapp.bench.drafter_replay: --costs "
                   + ",".join(f"{c.seconds * 1000:.1f}" for c in consecutive) + "\n")
 
 

@@ -1,18 +1,17 @@
 """The chat app: the screen, its status line and stats panel, and the keys that act on them.
 
-The app renders what its conversation (``chatapp.chat.Conversation``, ``self.chat``) holds and
+The app renders what its conversation (``chatapp.chat.conversation.Conversation``, ``self.chat``) holds and
 yields, and forwards the user's keys to it; it never calls a model, a drafter or the history
 itself. The parts of the app live in their own modules: loading the models (``loading``),
 sending and streaming (``replies``), the message actions (``chat_actions``), the keys
 (``keys``) and the ways out (``shutdown``). The model session comes from
-``session_factory(config, progress)`` (``chatapp.loader.build_session`` over the history by default), run in a
+``session_factory(config, progress)`` (``chatapp.chat.loader.build_session`` over the history by default), run in a
 worker thread; tests pass a factory that builds a session on fake backends.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -22,13 +21,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ProgressBar
 
-from chatapp.chat import Conversation
-from chatapp.config import Config
-from chatapp.endpoints import rpc_label
-from chatapp.history import HistoryError, HistoryStore
-from chatapp.loader import LoadProgress as ProgressCallback
-from chatapp.loader import build_session
-from chatapp.session import ChatSession
+from chatapp.chat.conversation import Conversation
+from chatapp.chat.history import HistoryError, HistoryStore
+from chatapp.chat.loader import LoadProgress as ProgressCallback
+from chatapp.chat.loader import build_session
+from chatapp.chat.session import ChatSession
+from chatapp.chat.turns import ChatEntry
+from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.chat_actions import ChatActionsMixin
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
@@ -38,7 +37,6 @@ from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import ShutdownMixin
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.widgets import Legend, MessageList, MessageView, Note, StatsPanel, StatusBar
-from chatapp.turns import ChatEntry
 
 SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
 
@@ -56,8 +54,8 @@ def _short_model_name(name: str) -> str:
 
 class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, App[int]):
     """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
-    default place). ``session_factory``, ``history_path``, ``export_dir`` and ``clock`` are there
-    for tests (fake backends, a temporary database, a fake clock)."""
+    default place). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
+    (fake backends, a temporary database)."""
 
     CSS_PATH = "specchat.tcss"
     TITLE = "specchat"
@@ -66,16 +64,13 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
 
     def __init__(self, config: Config, *, config_path: Path | None = None,
                  session_factory: SessionFactory | None = None,
-                 history_path: Path | None = None, export_dir: Path | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 history_path: Path | None = None, export_dir: Path | None = None) -> None:
         super().__init__()
         self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or self._build_session
         self.history_path = history_path
         self.export_dir = export_dir
-        self.clock = clock
-        self.chat = Conversation(config, None, on_write_error=self._history_write_failed,
-                                 clock=clock)
+        self.chat = Conversation(config, None, on_write_error=self._history_write_failed)
         self.pending: str | None = None  # a message sent before the models were ready
         self.editing: ChatEntry | None = None  # the user message Enter resends in its place
         self._text_before_edit = ""
@@ -162,7 +157,7 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
         text.append(f" {config.backend} │ draft {_drafter_label(config)} → target "
                     f"{_short_model_name(config.target)}{where} │ ")
-        text.append(f"K {self.chat.policy.label}", style="bold")
+        text.append(f"K {self.chat.k_label}", style="bold")
         if session is not None and not self.chat.has_drafter:
             text.append(" (no draft loaded)")
         sampling = session.settings.sampling if session else None
@@ -189,7 +184,7 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         if chat.turn is not None:
             if chat.turn.cancel.is_set():
                 return "stopping…", "yellow"
-            stats = chat.turn.stats(self.clock())
+            stats = chat.turn.stats()
             return f"streaming {stats.tokens_per_s:.1f} tok/s (Esc stops)", "green"
         if chat.replaying is not None:
             return "replaying at K 0… (Esc stops)", "yellow"
@@ -225,7 +220,7 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
             return
         replies = [v for v in self.message_list.views if v.role == "assistant"]
         number = replies.index(view) + 1 if view in replies else len(replies)
-        stats = view.turn.stats(self.clock()) if view.live else view.stats
+        stats = view.turn.stats() if view.live else view.stats
         info = TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, view.live,
                         view.target_rpc, view.entry.replay if view.entry else None)
         panel.show(stats, info, self.chat.baseline_tps)

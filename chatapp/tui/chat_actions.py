@@ -11,11 +11,11 @@ import re
 
 from textual import work
 
+from chatapp.chat.turns import ChatEntry, ReplayJob
 from chatapp.errors import UserFacingError
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import ReplayDone
 from chatapp.tui.widgets import MessageView
-from chatapp.turns import ChatEntry, ReplayJob
 
 # A fenced Markdown code block: ``` or ~~~, an optional language, the code, the same fence
 # (or the end of the text: a reply stopped or cut at max tokens leaves its last block open).

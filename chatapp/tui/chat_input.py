@@ -11,10 +11,15 @@ from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
-from textual.widgets.text_area import (Document, DocumentNavigator, EditResult, Location,
-                                       WrappedDocument)
+from textual.widgets.text_area import (
+    Document,
+    DocumentNavigator,
+    EditResult,
+    Location,
+    WrappedDocument,
+)
 
-from chatapp.terminal_text import visible
+from chatapp.chat.terminal_text import visible
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chatapp.config import ConfigError, default_config_path
 from chatapp.errors import UserFacingError
+from chatapp.settings.config import ConfigError, default_config_path
 
 
 def describe_error(error: BaseException) -> str:

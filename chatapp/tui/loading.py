@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import work
 from textual.widgets import Label, ProgressBar
 
-from chatapp.config import Config
+from chatapp.settings.config import Config
 from chatapp.tui.errors import describe_error
 from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
 from chatapp.tui.widgets import Note

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from chatapp.events import PromptEvent, StepEvent
-from chatapp.session import ChatSession
-from chatapp.stats import ReplayStats, TurnStats
-from chatapp.turns import PlanEvent, Piece, ReplayJob, Turn
+from chatapp.chat.events import ReplayStats
+from chatapp.chat.session import ChatSession
+from chatapp.chat.turns import ChatEvent, ReplayJob, Turn
 
 
 class LoadProgress(Message):
@@ -31,38 +30,14 @@ class LoadFailed(Message):
         self.generation = generation
 
 
-class ReplyPlanned(Message):
-    def __init__(self, turn: Turn, plan: PlanEvent) -> None:
+class ReplyEvents(Message):
+    """Events of a reply's stream, in order: the plan, the prompt, one step (its tokens and its
+    ``StepEvent``: never one message per character) or the end (with the ``DoneEvent``)."""
+
+    def __init__(self, turn: Turn, events: list[ChatEvent]) -> None:
         super().__init__()
         self.turn = turn
-        self.plan = plan
-
-
-class ReplyPrompt(Message):
-    """The engine evaluated the reply's prompt."""
-
-    def __init__(self, turn: Turn, prompt: PromptEvent) -> None:
-        super().__init__()
-        self.turn = turn
-        self.prompt = prompt
-
-
-class ReplyStep(Message):
-    """The tokens of one speculation step (``step`` None: the last tokens before the end)."""
-
-    def __init__(self, turn: Turn, pieces: list[Piece], step: StepEvent | None) -> None:
-        super().__init__()
-        self.turn = turn
-        self.pieces = pieces
-        self.step = step
-
-
-class ReplyDone(Message):
-    def __init__(self, turn: Turn, finish_reason: str, stats: TurnStats) -> None:
-        super().__init__()
-        self.turn = turn
-        self.finish_reason = finish_reason
-        self.stats = stats
+        self.events = events
 
 
 class ReplyFailed(Message):

@@ -1,9 +1,10 @@
 """Sending a message and streaming the reply into the message list.
 
 ``RepliesMixin`` is part of ``SpecChatApp``. The conversation (``self.chat``) makes every turn;
-this module starts it, runs ``chat.stream`` in a worker that posts one message per speculation
-step (never per character), renders the steps, and ends the turn through the conversation
-(``finish`` / ``fail``). Views follow the conversation's messages (``_sync_views``).
+this module starts it, runs ``chat.stream`` in a worker that posts the events in one message per
+speculation step (never per character), applies them to the turn (``Turn.apply``), renders what
+they added, and ends the turn through the conversation (``finish`` / ``fail``). Views follow the
+conversation's messages (``_sync_views``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any
 from textual import work
 from textual.worker import get_current_worker
 
+from chatapp.chat.events import StepEvent, TokenEvent
+from chatapp.chat.turns import ChatEntry, ChatEvent, Piece, PlanEvent, Turn
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
-from chatapp.tui.messages import ReplyDone, ReplyFailed, ReplyPlanned, ReplyPrompt, ReplyStep
+from chatapp.tui.messages import ReplyEvents, ReplyFailed
 from chatapp.tui.widgets import MessageView, Note
-from chatapp.turns import ChatEntry, PlanEvent, Turn
 
 
 class RepliesMixin:
@@ -90,7 +91,7 @@ class RepliesMixin:
                 view.remove_class("-queued")
                 view.entry = turn.user_entry
         self._sync_views()
-        self._mount_message(MessageView("assistant", k_label=self.chat.policy.label,
+        self._mount_message(MessageView("assistant", k_label=turn.k_label(),
                                         highlight=self.highlight, turn=turn,
                                         target_rpc=self.chat.config.rpc))
         self.message_list.selected = None
@@ -127,39 +128,64 @@ class RepliesMixin:
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _stream_reply(self, turn: Turn) -> None:
+        """(Worker thread.) Post ``turn``'s events to the app in order, in batches: the plan
+        and the prompt at once, each step's tokens with its ``StepEvent``, the end; a failure
+        after the events before it."""
         worker = get_current_worker()
-        pieces: list[tuple[str, TokenSource]] = []
+        batch: list[ChatEvent] = []
         try:
             for event in self.chat.stream(turn):
                 if worker.is_cancelled:
                     turn.cancel.set()
-                if isinstance(event, PlanEvent):
-                    self.post_message(ReplyPlanned(turn, event))
-                elif isinstance(event, PromptEvent):
-                    self.post_message(ReplyPrompt(turn, event))
-                elif isinstance(event, TokenEvent):
-                    pieces.append((event.text, event.source))
-                elif isinstance(event, StepEvent):
-                    self.post_message(ReplyStep(turn, pieces, event))
-                    pieces = []
-                elif isinstance(event, DoneEvent):
-                    if pieces:
-                        self.post_message(ReplyStep(turn, pieces, None))
-                    self.post_message(ReplyDone(turn, event.finish_reason.value, event.stats))
-                    return
+                batch.append(event)
+                if not isinstance(event, TokenEvent):
+                    self.post_message(ReplyEvents(turn, batch))
+                    batch = []
         except Exception as error:  # shown in the app; the typed text goes back to the input
+            if batch:
+                self.post_message(ReplyEvents(turn, batch))
             text = describe_error(error)
             if turn.not_sent:
                 text = (f"Your message was not sent. {text} (In the app: Settings, F4, "
                         "Context.) Your message is back in the message box.")
             self.post_message(ReplyFailed(turn, text))
 
-    def on_reply_planned(self, message: ReplyPlanned) -> None:
-        view = self._view_of(message.turn) if self.is_running else None
-        if view is None:
-            return
-        plan = message.plan
-        message.turn.recorder.prompt_tokens = plan.prompt_tokens
+    def on_reply_events(self, message: ReplyEvents) -> None:
+        """Apply the events to their turn (``Turn.apply``: the one path every front end takes),
+        show what they added, and end the turn through the conversation once it is done."""
+        turn = message.turn
+        view = self._view_of(turn) if self.is_running else None
+        shown = len(turn.pieces)
+        for event in message.events:
+            turn.apply(event)
+        if view is not None:
+            self._show_events(view, turn, message.events, turn.pieces[shown:])
+        if turn.done:
+            entry = self.chat.finish(turn)
+            if not self.is_running:  # quitting: it is saved, leave the widgets alone
+                return
+            if view is not None:
+                view.finish(entry)
+            self._after_change()
+
+    def _show_events(self, view: MessageView, turn: Turn, events: list[ChatEvent],
+                     pieces: list[Piece]) -> None:
+        """Show a batch of ``turn``'s events, already applied, in its ``view``: the plan's
+        notes, the new ``pieces``, and after a step the header, the stats and the status."""
+        for event in events:
+            if isinstance(event, PlanEvent):
+                self._show_plan(view, event)
+        stepped = any(isinstance(event, StepEvent) for event in events)
+        if pieces or stepped:
+            view.k_label = turn.k_label()
+            view.append(pieces)
+            view.update_header(turn.stats())
+        if stepped:
+            self._refresh_stats()
+            self.update_status()
+
+    def _show_plan(self, view: MessageView, plan: PlanEvent) -> None:
+        """What the user should know about the prompt: messages left out, a template note."""
         if plan.dropped_messages:
             n = plan.dropped_messages
             words = "message was" if n == 1 else f"{n} messages were"
@@ -168,32 +194,6 @@ class RepliesMixin:
                 f"model's window ({self.chat.config.n_ctx} tokens).", "warning"), before=view)
         if plan.note:
             self.message_list.mount(Note(plan.note, "warning"), before=view)
-
-    def on_reply_prompt(self, message: ReplyPrompt) -> None:
-        message.turn.add_prompt(message.prompt)
-
-    def on_reply_step(self, message: ReplyStep) -> None:
-        turn = message.turn
-        turn.add_step(message.pieces, message.step, self.clock())
-        view = self._view_of(turn) if self.is_running else None
-        if view is None:
-            return
-        view.k_label = turn.k_label()
-        view.append(message.pieces)
-        view.update_header(turn.stats(self.clock()))
-        if message.step is not None:
-            self._refresh_stats()
-            self.update_status()
-
-    def on_reply_done(self, message: ReplyDone) -> None:
-        turn = message.turn
-        view = self._view_of(turn) if self.is_running else None
-        entry = self.chat.finish(turn, message.finish_reason, message.stats)
-        if not self.is_running:  # quitting: it is saved, leave the widgets alone
-            return
-        if view is not None:
-            view.finish(entry)
-        self._after_change()
 
     def on_reply_failed(self, message: ReplyFailed) -> None:
         turn = message.turn

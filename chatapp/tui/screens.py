@@ -16,13 +16,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from chatapp.config import Config, ConfigError, default_config_path
-from chatapp.config_file import save_config
-from chatapp.draft_policy import MAX_DRAFT_LENGTH
-from chatapp.events import TokenSource
-from chatapp.history import ChatSummary, HistoryError, HistoryStore
-from chatapp.options import OPTIONS, OptionError
-from chatapp.terminal_text import printable, printable_line
+from chatapp.chat.events import TokenSource
+from chatapp.chat.history import ChatSummary, HistoryError, HistoryStore
+from chatapp.chat.terminal_text import printable, printable_line
+from chatapp.settings.config import Config, ConfigError, default_config_path
+from chatapp.settings.config_file import save_config
+from chatapp.settings.options import OPTIONS, OptionError
 from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
@@ -88,7 +87,7 @@ SETTING_FIELDS = (
     ("top_k", "Top-k", "0 = off"),
     ("seed", "Seed", "empty: random"),
     ("max_tokens", "Max tokens", "longest reply"),
-    ("draft_length", "Draft length K", f"0..{MAX_DRAFT_LENGTH} (0 = no draft) or auto"),
+    ("draft_length", "Draft length K", f"{OPTIONS['draft_length'].rule.text} (0 = no draft)"),
     ("target", "Target model", "alias or path; changing it reloads"),
     ("draft", "Draft model", "alias or path; changing it reloads"),
     ("n_ctx", "Context", "tokens; changing it reloads"),
@@ -173,7 +172,7 @@ class SettingsScreen(ModalScreen[Config | None]):
 
     def read_config(self) -> Config:
         """The Config of the form; ``OptionError`` naming the field and its setting for a value
-        the setting does not allow (its rules are ``chatapp.options``'), ``ConfigError`` for
+        the setting does not allow (its rules are ``chatapp.settings.options``'), ``ConfigError`` for
         settings that do not go together."""
         labels = {name: label for name, label, _ in SETTING_FIELDS}
 

@@ -2,7 +2,7 @@
 
 Every way out stops a streaming reply and saves it as it stands (stopped), closes the models
 and the history. ``ShutdownMixin`` is part of ``SpecChatApp``; it needs the app's ``chat`` (a
-``chatapp.chat.Conversation``) and its ``on_quit_while_loading`` hook.
+``chatapp.chat.conversation.Conversation``) and its ``on_quit_while_loading`` hook.
 """
 
 from __future__ import annotations

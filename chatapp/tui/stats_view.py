@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from rich.style import Style
 from rich.text import Text
 
-from chatapp.endpoints import rpc_label
-from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
+from chatapp.chat.events import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
+from chatapp.settings.config import rpc_label
 
 BAR_WIDTH = 14
 STYLE_NAMES = ("heading", "muted", "bar", "bar-empty", "draft", "verify", "prompt", "other")

@@ -14,12 +14,11 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 
-from chatapp.events import TokenSource
-from chatapp.stats import TurnStats
-from chatapp.terminal_text import Printable, printable
+from chatapp.chat.events import TokenSource, TurnStats
+from chatapp.chat.terminal_text import Printable, printable
+from chatapp.chat.turns import ChatEntry, Turn
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
-from chatapp.turns import ChatEntry, Turn
 
 TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
 

@@ -26,11 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatapp.engine.events import TokenSource
+from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
-from chatapp.events import TokenSource
-from chatapp.stats import TurnStats
-from chatapp.user_files import (create_private_file, data_dir, documents_dir, private_dir,
-                                write_private)
+from chatapp.user_files import (
+    create_private_file,
+    data_dir,
+    documents_dir,
+    private_dir,
+    write_private,
+)
 
 Runs = list[tuple[str, TokenSource]]
 

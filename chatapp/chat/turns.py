@@ -1,20 +1,22 @@
 """The records of a conversation: its messages (``ChatEntry``), a reply being made (``Turn``),
 the plan of a turn's prompt (``PlanEvent``) and a replay at K = 0 (``ReplayJob``).
 
-Plain data with the arithmetic that belongs to it (a turn's live statistics, its K label); they
-are made and changed by ``chatapp.chat.Conversation`` and read by the front ends.
+Plain data with what belongs to it (a turn takes in its events: ``Turn.apply``; the K label,
+formatted from numbers: ``k_label``); they are made and changed by
+``chatapp.chat.conversation.Conversation`` and read by the front ends.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chatapp.backends.base import ChatMessage
-from chatapp.events import Event, PromptEvent, StepEvent, TokenSource
-from chatapp.history import StoredMessage
-from chatapp.stats import ReplayStats, StatsRecorder, TurnStats
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.history import StoredMessage
+from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.engine.stats import ReplayStats, TurnStats
 
 Piece = tuple[str, TokenSource]
 
@@ -66,24 +68,23 @@ ChatEvent = PlanEvent | Event
 
 @dataclass(eq=False)
 class Turn:
-    """One assistant reply being made. Filled on the front end's thread, step by step."""
+    """One assistant reply being made: what its events said so far, applied on the front end's
+    thread (``apply``). It measures nothing: its statistics are the engine's."""
 
     messages: list[ChatMessage]  # the conversation sent to the models, the user turn last
     user_text: str
-    started_at: float
     chat_id: int | None = None
     epoch: int = 0  # which opened chat the turn belongs to (see ``Conversation.is_current``)
     user_entry: ChatEntry | None = None  # the user message this turn added (None: regenerated)
     replaces: ChatEntry | None = None  # the reply a regeneration replaces once it is done
     meta: dict[str, Any] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
+    k_start: int = 0  # the draft length in force when the reply started
+    adaptive: bool = False  # whether the policy chose K itself when the reply started
     pieces: list[Piece] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
-    recorder: StatsRecorder = field(default_factory=StatsRecorder)
-    first_token_at: float | None = None
-    final_stats: TurnStats | None = None
+    _stats: TurnStats = field(default_factory=TurnStats, init=False)  # the latest figures
     finish_reason: str | None = None
-    k_start: str = ""  # the draft policy's label when the reply started
     not_sent: bool = False  # the message did not fit the context: nothing was generated
     saved: bool = False
 
@@ -95,45 +96,50 @@ class Turn:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def add_prompt(self, prompt: PromptEvent) -> None:
-        """The engine's report of the prompt's evaluation: the live statistics show it."""
-        self.recorder.prompt_s = prompt.seconds
+    def apply(self, event: ChatEvent) -> None:
+        """Take in one event of the turn's stream, in order: the plan and the prompt give the
+        prompt's figures, a token its text, a step the statistics the engine measured up to it,
+        the end the final statistics and the finish reason."""
+        if isinstance(event, TokenEvent):
+            self.pieces.append((event.text, event.source))
+        elif isinstance(event, StepEvent):
+            self.steps.append(event)
+            self._stats = event.stats
+        elif isinstance(event, PlanEvent):
+            self._stats = replace(self._stats, prompt_tokens=event.prompt_tokens)
+        elif isinstance(event, PromptEvent):
+            self._stats = replace(self._stats, prompt_tokens=event.tokens,
+                                  prompt_s=event.seconds)
+        elif isinstance(event, DoneEvent):
+            self._stats = event.stats
+            self.finish_reason = event.finish_reason.value
 
-    def add_step(self, pieces: list[Piece], step: StepEvent | None, now: float) -> None:
-        """The tokens of one step (``step`` None: the last tokens before the end)."""
-        self.pieces.extend(pieces)
-        if pieces and self.first_token_at is None:
-            self.first_token_at = now
-        self.recorder.tokens += len(pieces)
-        if step is not None:
-            self.steps.append(step)
-            self.recorder.record_step(step.drafted, step.accepted, step.draft_s, step.verify_s)
-
-    def stats(self, now: float) -> TurnStats:
-        """The final statistics once done; until then a live estimate from the steps so far."""
-        if self.final_stats is not None:
-            return self.final_stats
-        live = self.recorder.snapshot(max(0.0, now - self.started_at))
-        ttft = self.first_token_at - self.started_at if self.first_token_at is not None else 0.0
-        return replace(live, ttft_s=ttft)
+    def stats(self) -> TurnStats:
+        """The engine's statistics as of the latest step (the final ones once done)."""
+        return self._stats
 
     def k_label(self) -> str:
-        """The draft length the reply used: the fixed K ("3"), "3→5" when the user changed it
-        while the reply streamed, or for an adaptive policy the range it chose ("auto 2–5")."""
-        ks = [step.k for step in self.steps]
-        if not ks:
-            return self.k_start
-        if not self.k_start.isdigit():  # an adaptive policy: the range of K it chose
-            name = self.k_start.split("(")[0]
-            low, high = min(ks), max(ks)
-            return f"{name} {low}" if low == high else f"{name} {low}–{high}"
-        if min(ks) == max(ks) == int(self.k_start):
-            return self.k_start
-        return f"{self.k_start}→{ks[-1]}"
+        """The draft length the reply used (see ``k_label``)."""
+        return k_label(self.k_start, self.adaptive, [step.k for step in self.steps])
 
     @property
     def last_k(self) -> int | None:
         return self.steps[-1].k if self.steps else None
+
+
+def k_label(k: int, adaptive: bool, ks: Sequence[int] = ()) -> str:
+    """The draft length as the front ends show it, formatted here only: ``k`` is the K in force
+    (when a reply started), ``adaptive`` whether the policy chooses it, ``ks`` the K of each step
+    of a reply so far. Before a step: "3", or "auto(3)"; after: the fixed K ("3"), "3→5" when the
+    user changed it while the reply streamed, or an adaptive policy's range ("auto 2–5")."""
+    if not ks:
+        return f"auto({k})" if adaptive else str(k)
+    if adaptive:
+        low, high = min(ks), max(ks)
+        return f"auto {low}" if low == high else f"auto {low}–{high}"
+    if min(ks) == max(ks) == k:
+        return str(k)
+    return f"{k}→{ks[-1]}"
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from chatapp.suffix_index import MAX_PROPOSAL, ChatKey, HistoryCorpus
+from chatapp.drafters.suffix_index import MAX_PROPOSAL, ChatKey, HistoryCorpus
 
 LIVE = "live"  # the corpus key of a conversation that is not in the history
 

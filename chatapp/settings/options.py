@@ -1,10 +1,10 @@
 """Every setting's type, allowed values and error text, in one place.
 
 ``OPTIONS`` has one ``Option`` per ``Config`` field. Its three readers share the rules here:
-``chatapp.config`` (the TOML file: ``from_toml``; a ``Config``: ``problems``), ``chatapp.cli``
+``chatapp.settings.config`` (the TOML file: ``from_toml``; a ``Config``: ``problems``), ``chatapp.cli``
 (argparse: ``arg_type``, ``choices``) and the Settings screen (its text fields: ``parse``).
 Rules that tie several settings together (``rpc`` with ``backend`` and ``tensor_split``) are
-``chatapp.config``'s.
+``chatapp.settings.config``'s.
 
 Error texts: a problem of a whole ``Config`` starts with the setting's name ("top_p must be in
 (0, 1], got 1.5."), which is how ``load_config`` finds its line; an ``OptionError`` of one value
@@ -18,13 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.draft_policy import MAX_DRAFT_LENGTH
+from chatapp.backends.endpoints import DEFAULT_PORT, parse_endpoints
+from chatapp.engine.contracts import MAX_DRAFT_LENGTH
 
 BACKENDS = ("llama", "hf")
 DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LAYOUTS = ("auto", "shipped", "fast")
+DEFAULT_RPC_PORT = DEFAULT_PORT  # `specchat rpc-server --port`: the CLI imports no backend
 
 
 class OptionError(ValueError):
@@ -163,6 +165,12 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("rpc", str, items='strings "host:port"'),
     Option("tensor_split", float, items="numbers, one per RPC device"),
 )}
+
+
+def endpoint_list(text: str) -> tuple[str, ...]:
+    """Every ``host:port`` of ``text`` (comma-separated), checked and written the one way;
+    ``ValueError`` for a malformed one."""
+    return tuple(str(endpoint) for endpoint in parse_endpoints([text]))
 
 
 def problems(values: Any) -> list[str]:

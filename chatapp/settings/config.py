@@ -4,7 +4,7 @@
 (TOML syntax, an unknown key, a value of the wrong type or out of range) raises ``ConfigError``
 whose message names the file, the line and the key, and says what is allowed.
 
-Writing the settings back (the settings screen's "Save as defaults") is ``chatapp.config_file``.
+Writing the settings back (the settings screen's "Save as defaults") is ``chatapp.settings.config_file``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import dataclasses
 import difflib
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chatapp.endpoints import parse_endpoints
-from chatapp.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from chatapp.backends.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from chatapp.backends.endpoints import parse_endpoints
 from chatapp.errors import UserFacingError
-from chatapp.options import OPTIONS, OptionError, problems
+from chatapp.settings.options import OPTIONS, OptionError, problems
 from chatapp.user_files import config_dir
 
 
@@ -54,6 +55,18 @@ class Config:
     def __post_init__(self) -> None:
         for problem in problems(self) + _rpc_problems(self):
             raise ConfigError(problem)
+
+    def measured_setup(self) -> list[str]:
+        """The settings that change what the auto policy measures (costs, acceptance): the key of
+        its memory (``chatapp.policy.memory``). A local run on the default layout setting has
+        the key it had before layouts and RPC existed."""
+        setup = [self.backend, self.draft_backend_name, self.draft, self.target, self.drafter,
+                 str(self.threads), str(self.gpu_layers), self.device, self.dtype]
+        if self.layout != "auto":  # other files, other costs
+            setup.append(self.layout)
+        if self.rpc:  # another layout of the target's layers has other costs
+            setup += ["rpc", *self.rpc, *map(str, self.tensor_split)]
+        return setup
 
     @property
     def draft_backend_name(self) -> str:
@@ -132,3 +145,11 @@ def _rpc_problems(config: Config) -> list[str]:
 def _line_of(text: str, key: str) -> int:
     match = re.search(rf"^[ \t]*{re.escape(key)}[ \t]*=", text, flags=re.MULTILINE)
     return text.count("\n", 0, match.start()) + 1 if match else 1
+
+
+def rpc_label(endpoints: Sequence[str], short: bool = False) -> str:
+    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p";
+    ``short`` (a header line): "on 2 RPC servers" when there are several."""
+    if short and len(endpoints) > 1:
+        return f"on {len(endpoints)} RPC servers"
+    return f"on RPC {', '.join(endpoints)}" if endpoints else ""

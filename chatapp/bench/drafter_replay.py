@@ -1,7 +1,7 @@
 """Replay the model-free drafter over the target's greedy replies of a bench run: tokens per
 target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
 
-    python -m chatapp.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
+    python -m chatapp.bench.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
         [--costs MS,MS,...]
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
@@ -27,16 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
-from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.base import Backend
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench import load_prompts
-from chatapp.config import Config
-from chatapp.drafting import DraftBudget
-from chatapp.edit_drafter import line_end_test
-from chatapp.loader import load_backend
-from chatapp.ngram import NgramDrafter
-from chatapp.sampling import SamplingParams
-from chatapp.suffix_drafter import SuffixSource
-from chatapp.suffix_index import HistoryCorpus
+from chatapp.chat.loader import load_backend
+from chatapp.drafters.edits import line_end_test
+from chatapp.drafters.lookup import NgramDrafter
+from chatapp.drafters.suffix import SuffixSource
+from chatapp.drafters.suffix_index import HistoryCorpus
+from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.sampling import SamplingParams
+from chatapp.settings.config import Config
 
 RNG = np.random.default_rng(0)  # unused: the drafter is deterministic
 

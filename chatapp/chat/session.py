@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chatapp.backends.base import ChatMessage
-from chatapp.draft_policy import DraftPolicy
-from chatapp.engine import ContextOverflowError, GenerationSettings, SpeculativeEngine
-from chatapp.events import Event
-from chatapp.suffix_drafter import SuffixSource
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.drafters.suffix import SuffixSource
+from chatapp.engine.contracts import DraftPolicy
+from chatapp.engine.events import Event
+from chatapp.engine.loop import ContextOverflowError, GenerationSettings, SpeculativeEngine
 
 # Room kept free for the reply when trimming: at least this many tokens, at most max_tokens.
 MIN_REPLY_ROOM = 64

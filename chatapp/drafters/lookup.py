@@ -17,8 +17,8 @@ p(x), which is the acceptance probability), so the policy learns the true accept
 K = 0 and switches back on as soon as the text starts repeating (code being edited, a quoted
 passage).
 
-With ``edits`` (the default) an ``EditTracker`` (``chatapp.edit_drafter``: speculative edits)
-comes first, and with a ``suffix`` source (``chatapp.suffix_drafter``: the history-wide suffix
+With ``edits`` (the default) an ``EditTracker`` (``chatapp.drafters.edits``: speculative edits)
+comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the history-wide suffix
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
 source is replayed and scored under its own kinds. All are free and one-hot.
@@ -32,17 +32,20 @@ keeping the n-gram.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from chatapp.drafting import (LONGEST_FREE_DRAFT, MODEL_SOURCE, DraftBudget, ModelDrafter,
-                              Proposal, ShadowScore)
-from chatapp.edit_drafter import EDIT_RUN, EditTracker
-from chatapp.sampling import SamplingParams
-from chatapp.suffix_drafter import SuffixSource
-from chatapp.suffix_index import SUFFIX_LONG
+from chatapp.drafters.edits import EDIT_RUN, EditTracker
+from chatapp.drafters.suffix import SuffixSource
+from chatapp.drafters.suffix_index import SUFFIX_LONG
+from chatapp.engine.contracts import (
+    LONGEST_FREE_DRAFT,
+    DraftBudget,
+    Proposal,
+    ShadowScore,
+)
+from chatapp.engine.sampling import SamplingParams
 
 NGRAM_KIND = "ngram"
 LONG_MATCH = 3  # an n-gram match this long or longer is a "long" match
@@ -318,50 +321,3 @@ class NgramDrafter:
         if self.suffix is not None:
             replays.append(ShadowReplay(self.suffix_search, self.suffix_lookahead, at))
         return replays
-
-
-class NgramModelDrafter:
-    """"ngram+model": the n-gram proposal when there is one, else the draft model.
-
-    Each source drafts within its own budget, which may be 0; the model drafts when the n-gram
-    proposes nothing. With ``fill``, an n-gram proposal shorter than the largest budget is topped
-    up by the model, drafting after the n-gram tokens.
-    """
-
-    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, fill: bool = False) -> None:
-        self.ngram = ngram
-        self.model = model
-        self.fill = fill
-
-    @property
-    def name(self) -> str:
-        return f"ngram+{self.model.name}"
-
-    def prefill(self, context: Sequence[int]) -> None:
-        self.ngram.prefill(context)
-        self.model.prefill(context)
-
-    def rollback(self, context: Sequence[int], verified: int) -> None:
-        self.model.rollback(context, verified)
-
-    def close(self) -> None:
-        self.model.close()
-
-    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        self.ngram.sync(context, score=True)
-        proposal = self.ngram.proposal(*self.ngram.choose(budget))
-        if proposal.tokens:
-            return self._filled(context, proposal, budget.most, params, rng)
-        drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
-        return replace(drafted, scores=proposal.scores)
-
-    def _filled(self, context: Sequence[int], proposal: Proposal, k: int, params: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        """With ``fill``, ``proposal`` topped up to ``k`` tokens by the model."""
-        tokens = proposal.tokens
-        if not self.fill or len(tokens) >= k or tokens[-1] in self.model.backend.stop_ids:
-            return proposal
-        more = self.model.draft(list(context) + tokens, k - len(tokens), params, rng)
-        return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
-                        proposal.source, proposal.scores)

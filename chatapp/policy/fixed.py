@@ -9,42 +9,15 @@ free drafter scored. That is all that passes between them: a drafter never calls
 
 from __future__ import annotations
 
-import re
 import threading
-from dataclasses import dataclass
-from typing import Protocol
 
-from chatapp.drafting import DraftBudget, ShadowScore
-
-MAX_DRAFT_LENGTH = 16
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """One verified step: ``source`` proposed ``drafted`` tokens ("" and 0 for a plain step), the
-    target accepted ``accepted`` of them; ``scores`` are a free drafter's would-be outcomes."""
-
-    source: str
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    scores: tuple[ShadowScore, ...] = ()
-
-
-class DraftPolicy(Protocol):
-    @property
-    def label(self) -> str:
-        """What the UI shows: the fixed K, or "auto(K)"."""
-        ...
-
-    def budget(self) -> DraftBudget: ...
-
-    def observe(self, outcome: StepOutcome) -> None: ...
-
-    def start_turn(self) -> None:
-        """A new reply begins (another prompt: perhaps another kind of text)."""
-        ...
+from chatapp.engine.contracts import (
+    MAX_DRAFT_LENGTH,
+    DraftBudget,
+    DraftPolicy,
+    StepOutcome,
+    checked_draft_length,
+)
 
 
 class FixedDraftLength:
@@ -60,9 +33,10 @@ class FixedDraftLength:
         with self._lock:
             return self._k
 
-    @property
-    def label(self) -> str:
-        return str(self.k)
+    adaptive = False
+
+    def current_k(self) -> int:
+        return self.k
 
     def budget(self) -> DraftBudget:
         return DraftBudget.uniform(self.k)
@@ -108,8 +82,11 @@ class SwitchablePolicy:
             self._inner = inner
 
     @property
-    def label(self) -> str:
-        return self.inner.label
+    def adaptive(self) -> bool:
+        return self.inner.adaptive
+
+    def current_k(self) -> int:
+        return self.inner.current_k()
 
     def budget(self) -> DraftBudget:
         return self.inner.budget()
@@ -133,29 +110,16 @@ class SwitchablePolicy:
         """Raise or lower K by ``delta``; returns the K now in force.
 
         A fixed K is adjusted in place. Any other policy (an adaptive one) is replaced by a fixed
-        K starting from ``current`` (the K of the latest step), or from the number in its label.
+        K starting from ``current`` (the K of the latest step), or from its ``current_k``.
         """
         with self._lock:
             inner = self._inner
             if isinstance(inner, FixedDraftLength):
                 return inner.adjust(delta)
-            start = current if current is not None else k_from_label(inner.label)
+            start = current if current is not None else inner.current_k()
             fixed = FixedDraftLength(_clamped(start + delta))
             self._inner = fixed
             return fixed.k
-
-
-def k_from_label(label: str) -> int:
-    """The last number in a policy label ("3" -> 3, "auto(4)" -> 4, "auto" -> 0)."""
-    numbers = re.findall(r"\d+", label)
-    return int(numbers[-1]) if numbers else 0
-
-
-def checked_draft_length(k: int) -> int:
-    """``k`` if it is a valid draft length, else ``ValueError``."""
-    if not 0 <= k <= MAX_DRAFT_LENGTH:
-        raise ValueError(f"draft length must be between 0 and {MAX_DRAFT_LENGTH}, got {k}")
-    return k
 
 
 def _clamped(k: int) -> int:

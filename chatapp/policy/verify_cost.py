@@ -6,7 +6,7 @@ import math
 from bisect import bisect_left
 from typing import Any
 
-from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
+from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
 
 ESTABLISHED = 3.0  # observations after which an n's own mean is the yardstick for outliers
 AGE = 0.995  # per timing of another n, an n's weight ages (first calls are slow: see STALE)

@@ -37,7 +37,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-
 ORDERS = (2, 3, 4, 6, 8)  # n-gram sizes indexed, ascending
 DEFAULT_CAPACITY = 32768  # tokens indexed in all chats together (about 50 MB at most)
 MAX_PROPOSAL = 32  # longest proposal (a verbatim copy of a long span)
@@ -52,7 +51,7 @@ Render = Callable[[Sequence[Any]], list[int]]  # a chat's messages -> its tokens
 
 
 class ChatStore(Protocol):
-    """What the index reads of a chat history (``chatapp.history.HistoryStore`` is one): chats
+    """What the index reads of a chat history (``chatapp.chat.history.HistoryStore`` is one): chats
     with an ``id`` and an ``updated_at``, and each chat's messages."""
 
     def list_chats(self) -> Sequence[Any]: ...

@@ -2,7 +2,8 @@
 
 A ``PromptEvent`` once the prompt is evaluated, one ``TokenEvent`` per emitted token, one
 ``StepEvent`` per target forward (a speculation step, or a plain decoding step when nothing was
-drafted), and a final ``DoneEvent`` with the turn's statistics.
+drafted) with the turn's running statistics and its draft length as numbers, and a final
+``DoneEvent`` with the turn's statistics. The engine measures; consumers only read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-from chatapp.stats import TurnStats
+from chatapp.engine.stats import TurnStats
 
 
 class TokenSource(str, Enum):
@@ -58,7 +59,10 @@ class TokenEvent:
 @dataclass(frozen=True)
 class StepEvent:
     """One target forward. ``source`` proposed ``drafted`` tokens within a budget of ``k``, of
-    which ``accepted`` were accepted; a plain step (nothing drafted) has k = 0 and source ""."""
+    which ``accepted`` were accepted; a plain step (nothing drafted) has k = 0 and source "".
+    ``adaptive``: the policy chooses K itself (an auto policy), so ``k`` is its choice of the
+    moment, not the user's. ``stats``: the turn's statistics up to the end of this step, as the
+    engine measured them (total time and time to first token included)."""
 
     step: int
     k: int
@@ -66,10 +70,14 @@ class StepEvent:
     accepted: int
     draft_s: float
     verify_s: float
-    source: str = ""
+    source: str
+    adaptive: bool
+    stats: TurnStats
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "step", **asdict(self)}
+        return {"type": "step", "step": self.step, "k": self.k, "drafted": self.drafted,
+                "accepted": self.accepted, "draft_s": self.draft_s, "verify_s": self.verify_s,
+                "source": self.source, "adaptive": self.adaptive, "stats": self.stats.to_json()}
 
 
 @dataclass(frozen=True)

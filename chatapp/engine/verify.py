@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chatapp.sampling import sample
+from chatapp.engine.sampling import sample
 
 
 def verify(

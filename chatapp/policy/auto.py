@@ -14,10 +14,16 @@ from collections import deque
 from itertools import accumulate
 from typing import Any
 
-from chatapp.draft_policy import StepOutcome, checked_draft_length
-from chatapp.drafting import LONGEST_FREE_DRAFT, MODEL_SOURCE, DraftBudget, ShadowScore
-from chatapp.learnt_data import RESUME_WEIGHT, non_negative_floats
-from chatapp.verify_cost import VerifyCostModel
+from chatapp.engine.contracts import (
+    LONGEST_FREE_DRAFT,
+    MODEL_SOURCE,
+    DraftBudget,
+    ShadowScore,
+    StepOutcome,
+    checked_draft_length,
+)
+from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
+from chatapp.policy.verify_cost import VerifyCostModel
 
 LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
 FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow
@@ -125,14 +131,10 @@ class AutoDraftLength:
         self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
         self._spent_s = 0.0  # all verification time, and that of batch sizes never timed before
         self._exploring_s = 0.0
-        self._shown_k = self.explore_k
 
     # -- DraftPolicy ----------------------------------------------------------------------------
 
-    @property
-    def label(self) -> str:
-        with self._lock:
-            return f"auto({self._shown_k})"
+    adaptive = True
 
     def budget(self) -> DraftBudget:
         with self._lock:
@@ -142,7 +144,6 @@ class AutoDraftLength:
             for arm in arms.values():
                 if arm.shadowed:  # scored for free since the last decision
                     self._decide(arm)
-            self._shown_k = max(self._chosen_k(arm) for arm in arms.values())
             if self._step - self._last_plain >= self.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
                 return DraftBudget.uniform(0)  # re-time plain decoding, the baseline of every choice
@@ -232,8 +233,6 @@ class AutoDraftLength:
             self._verify, self._arms = verify, arms
             for arm in arms.values():
                 self._decide(arm)
-            self._shown_k = max((self._chosen_k(arm) for arm in arms.values()),
-                                default=self.explore_k)
 
     # -- introspection (tests, the bench, a stats view) -------------------------------------------
 
@@ -254,9 +253,13 @@ class AutoDraftLength:
             arm = self._arm(kind)
             return self._rates(arm, self._acceptance(arm))
 
-    def current_k(self, kind: str = MODEL_SOURCE) -> int:
-        """The K chosen for ``kind`` (probes aside)."""
+    def current_k(self, kind: str | None = None) -> int:
+        """The K chosen for ``kind`` (probes aside); None: the longest any source drafts (before
+        any source is known, the K it explores with)."""
         with self._lock:
+            if kind is None:
+                return max((self._chosen_k(arm) for arm in self._arms.values()),
+                           default=self.explore_k)
             return self._chosen_k(self._arm(kind))
 
     # -- internals -----------------------------------------------------------------------------

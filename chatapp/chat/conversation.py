@@ -5,16 +5,18 @@ The chat app and ``specchat run`` each hold one ``Conversation`` and only call i
 what it yields and never reach into the engine, the drafters, the backends or the history.
 
 A turn: ``begin`` (a new user message), ``regenerate`` (the last reply again) or ``edit`` (a past
-user message changed, the later turns replaced) returns a ``Turn``. A worker thread iterates
-``stream(turn)``: one ``PlanEvent``, then the engine's events. The front end hands each step to
-``turn.add_step`` and ends the turn with ``finish`` (done or stopped: the reply is saved) or
-``fail`` (a reply with text is kept; one without is rolled back and the front end gives the
-user's text back). ``replay`` decodes a reply again at K = 0 to measure its real speedup.
+user message changed, the later turns replaced) returns a ``Turn``. A synchronous caller
+(``specchat run``, tests) hands it to ``run``, which does all that follows. A front end with a
+worker thread iterates ``stream(turn)`` there (one ``PlanEvent``, then the engine's events),
+applies every event in order with ``turn.apply`` on its own thread, and ends the turn with
+``finish`` (done or stopped: the reply is saved) or ``fail`` (a reply with text is kept; one
+without is rolled back and the front end gives the user's text back). ``replay`` decodes a reply
+again at K = 0 to measure its real speedup.
 
 Threads: ``stream`` and ``run_replay`` only run the models and are for a worker thread; every
-other method runs on the caller's thread, the one that opened the history (SQLite connections
-stay on their thread). A history write that fails is reported through ``on_write_error`` and
-never stops the chat.
+other method (``run`` included) runs on the caller's thread, the one that opened the history
+(SQLite connections stay on their thread). A history write that fails is reported through
+``on_write_error`` and never stops the chat.
 """
 
 from __future__ import annotations
@@ -22,30 +24,30 @@ from __future__ import annotations
 import dataclasses
 import random
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from chatapp.backends.base import ChatMessage
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, SwitchablePolicy
-from chatapp.engine import ContextOverflowError
+from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.history import HistoryStore
+from chatapp.chat.loader import generation_settings, make_policy
+from chatapp.chat.session import ChatSession, fallback_template_note
+from chatapp.chat.terminal_text import printable_line
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn, k_label
+from chatapp.engine.contracts import DraftPolicy
+from chatapp.engine.events import DoneEvent
+from chatapp.engine.loop import ContextOverflowError
+from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
-from chatapp.events import DoneEvent
-from chatapp.history import HistoryStore
-from chatapp.loader import generation_settings, make_policy
-from chatapp.policy_memory import memory_path, recall, remember
-from chatapp.session import ChatSession, fallback_template_note
-from chatapp.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
-from chatapp.terminal_text import printable_line
-from chatapp.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength, SwitchablePolicy
+from chatapp.policy.memory import memory_path, recall, remember
+from chatapp.settings.config import Config
 
 if TYPE_CHECKING:
-    from chatapp.suffix_drafter import SuffixSource
+    from chatapp.drafters.suffix import SuffixSource
 
 # Fields whose change needs the models loaded again.
 RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
@@ -67,12 +69,10 @@ class Conversation:
     """One chat and the models that answer in it (see the module docstring for the contract)."""
 
     def __init__(self, config: Config, history: HistoryStore | None = None, *,
-                 on_write_error: Callable[[str], None] = _ignore,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 on_write_error: Callable[[str], None] = _ignore) -> None:
         self.config = config
         self.history = history
         self.on_write_error = on_write_error
-        self.clock = clock
         self.session: ChatSession | None = None
         self.policy = SwitchablePolicy(make_policy(config))
         self._policy_from_config = True  # False once the user picked K another way
@@ -127,6 +127,11 @@ class Conversation:
 
     # -- the draft policy -----------------------------------------------------------------------
 
+    @property
+    def k_label(self) -> str:
+        """The draft length in force, as the front ends show it ("3", "auto(4)")."""
+        return k_label(self.policy.current_k(), self.policy.adaptive)
+
     def adjust_draft_length(self, delta: int) -> int:
         """K + ``delta`` (an adaptive policy becomes a fixed K); returns the K now in force."""
         current = self.turn.last_k if self.turn is not None else None
@@ -152,7 +157,7 @@ class Conversation:
 
     def _configured_policy(self, config: Config) -> DraftPolicy:
         """``make_policy``; once the models are loaded, an auto policy starts from what the last
-        run on this machine and pair measured (``chatapp.policy_memory``)."""
+        run on this machine and pair measured (``chatapp.policy.memory``)."""
         policy = make_policy(config)
         if self.session is not None:
             self._recall(policy, config)
@@ -162,7 +167,7 @@ class Conversation:
     def _recall(policy: DraftPolicy, config: Config) -> None:
         """An auto policy starts from what the last run with ``config``'s pair measured."""
         if isinstance(policy, AutoDraftLength):
-            recall(policy, memory_path(config))
+            recall(policy, memory_path(config.measured_setup()))
 
     def _policy_changed(self) -> None:
         """The policy in force no longer follows the configuration."""
@@ -170,7 +175,7 @@ class Conversation:
 
     def _remember_policy(self) -> None:
         if isinstance(self.policy.inner, AutoDraftLength):
-            remember(self.policy.inner, memory_path(self.config))
+            remember(self.policy.inner, memory_path(self.config.measured_setup()))
 
     # -- chats ----------------------------------------------------------------------------------
 
@@ -274,17 +279,17 @@ class Conversation:
 
     def _start(self, user_text: str, *, user_entry: ChatEntry | None = None,
                replaces: ChatEntry | None = None, meta: dict[str, Any] | None = None) -> Turn:
-        turn = Turn(messages=self.messages, user_text=user_text, started_at=self.clock(),
-                    chat_id=self.chat_id, epoch=self.epoch, user_entry=user_entry,
-                    replaces=replaces, meta=self._turn_meta() | (meta or {}),
-                    k_start=self.policy.label)
+        turn = Turn(messages=self.messages, user_text=user_text, chat_id=self.chat_id,
+                    epoch=self.epoch, user_entry=user_entry, replaces=replaces,
+                    meta=self._turn_meta() | (meta or {}), k_start=self.policy.current_k(),
+                    adaptive=self.policy.adaptive)
         self.turn = turn
         return turn
 
     def _turn_meta(self) -> dict[str, Any]:
         settings = self._require_session().settings
         config = self.config
-        return {"k": self.policy.label, "temperature": settings.sampling.temperature,
+        return {"k": self.k_label, "temperature": settings.sampling.temperature,
                 "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
                 "max_tokens": settings.max_tokens, "draft": config.draft,
                 "target": config.target} | (
@@ -306,10 +311,29 @@ class Conversation:
         yield PlanEvent(len(plan.tokens), plan.dropped_messages, note)
         yield from events
 
-    def finish(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
-        """The reply is done (or stopped): save it once and add it to its chat."""
-        turn.final_stats = stats
-        turn.finish_reason = finish_reason
+    def run(self, turn: Turn, on_event: Callable[[ChatEvent], None] | None = None) -> ChatEntry:
+        """Stream ``turn`` on this thread: every event is applied to the turn, then handed to
+        ``on_event``; the turn is finished and its entry (saved, added to its chat) returned. When
+        the models or ``on_event`` raise, the stream is closed (the engine leaves its caches
+        verified), the turn fails (``fail``) and the error is raised again."""
+        events = self.stream(turn)
+        try:
+            for event in events:
+                turn.apply(event)
+                if on_event is not None:
+                    on_event(event)
+        except BaseException:
+            events.close()
+            self.fail(turn)
+            raise
+        return self.finish(turn)
+
+    def finish(self, turn: Turn) -> ChatEntry:
+        """The reply is done or stopped (its ``DoneEvent`` applied, or ``fail`` ended it): save
+        it once and add it to its chat."""
+        if turn.finish_reason is None:
+            raise ValueError("finish needs a turn that ended: apply its DoneEvent first")
+        finish_reason, stats = turn.finish_reason, turn.stats()
         entry = self._save_reply(turn, finish_reason, stats)
         if self.is_current(turn):
             self.entries.append(entry)
@@ -325,9 +349,9 @@ class Conversation:
         """The reply failed. What it made so far is kept (the entry returned); a reply without
         a token is rolled back (None): its user message leaves the chat and the history, and
         the front end gives ``turn.user_text`` back to the user."""
-        if turn.text:
-            return self.finish(turn, "error", turn.stats(self.clock()))
         turn.finish_reason = "error"
+        if turn.text:
+            return self.finish(turn)
         if self.turn is turn:
             self.turn = None
         current = self.is_current(turn)
@@ -353,7 +377,7 @@ class Conversation:
         turn = self.turn
         if turn is not None and not turn.done:
             turn.cancel.set()
-            self._save_reply(turn, "cancelled", turn.stats(self.clock()))
+            self._save_reply(turn, "cancelled", turn.stats())
         if self.replaying is not None:
             self.replaying.cancel.set()
 

@@ -13,22 +13,25 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from chatapp.backends.base import Backend, ChatMessage
+from chatapp.backends.base import Backend
+from chatapp.backends.catalog import CATALOG, resolve_model
+from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
-from chatapp.catalog import CATALOG, resolve_model
-from chatapp.config import Config
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength
-from chatapp.drafting import Drafter, ModelDrafter
-from chatapp.edit_drafter import line_end_test
-from chatapp.ngram import NgramDrafter, NgramModelDrafter
-from chatapp.memory import check_fits
-from chatapp.engine import GenerationSettings, SpeculativeEngine, check_compatible
-from chatapp.history import HistoryStore, StoredMessage
-from chatapp.sampling import SamplingParams
-from chatapp.session import ChatSession
-from chatapp.suffix_drafter import SuffixSource
-from chatapp.suffix_index import HistoryCorpus
+from chatapp.backends.memory import check_fits
+from chatapp.chat.history import HistoryStore, StoredMessage
+from chatapp.chat.session import ChatSession
+from chatapp.drafters.combined import NgramModelDrafter
+from chatapp.drafters.edits import line_end_test
+from chatapp.drafters.lookup import NgramDrafter
+from chatapp.drafters.model import ModelDrafter
+from chatapp.drafters.suffix import SuffixSource
+from chatapp.drafters.suffix_index import HistoryCorpus
+from chatapp.engine.contracts import Drafter, DraftPolicy
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine, check_compatible
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.fixed import FixedDraftLength
+from chatapp.settings.config import Config
 
 LoadProgress = Callable[[str, float | None], None]
 
@@ -90,8 +93,8 @@ def runnable_layout(model: str, role: str, path: Path, config: Config,
 def _load_remote_target(path: Path, model: str, config: Config,
                         progress: LoadProgress) -> Backend:
     """The target on ``config.rpc``'s servers (probed first), with ``config.tensor_split``."""
+    from chatapp.backends.endpoints import parse_endpoints
     from chatapp.backends.remote_target import RemoteTarget
-    from chatapp.endpoints import parse_endpoints
 
     progress(f"Loading target model {model} on {', '.join(config.rpc)}", None)
     return RemoteTarget(path, parse_endpoints(config.rpc), n_ctx=config.n_ctx,

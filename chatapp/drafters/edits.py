@@ -45,8 +45,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from chatapp.drafting import DraftBudget, Proposal
-from chatapp.sampling import SamplingParams
+from chatapp.engine.contracts import DraftBudget, Proposal
+from chatapp.engine.sampling import SamplingParams
 
 EDIT_KIND = "edit"
 EDIT_RUN = f"{EDIT_KIND}-run"  # the kind of a confident cursor's proposal

@@ -6,7 +6,7 @@ Plain text handling, with no llama.cpp in it, so the configuration and the front
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_PORT = 50052  # ggml-rpc-server's default
@@ -29,14 +29,6 @@ class Endpoint:
         if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"{text!r} is not host:port (e.g. 192.168.1.20:{DEFAULT_PORT})")
         return cls(host, int(port))
-
-
-def rpc_label(endpoints: Sequence[str], short: bool = False) -> str:
-    """Where a target on RPC servers runs, for headers and statistics: "on RPC h:p, h:p";
-    ``short`` (a header line): "on 2 RPC servers" when there are several."""
-    if short and len(endpoints) > 1:
-        return f"on {len(endpoints)} RPC servers"
-    return f"on RPC {', '.join(endpoints)}" if endpoints else ""
 
 
 def parse_endpoints(items: Iterable[str]) -> tuple[Endpoint, ...]:

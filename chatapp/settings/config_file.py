@@ -1,7 +1,7 @@
 """Writing the settings back to their TOML file (the settings screen's "Save as defaults").
 
 ``save_config(config, path)`` writes atomically, the file 0600, keeping a hand-edited file's
-comments and other lines; what it writes always loads back (``chatapp.config.load_config``) as
+comments and other lines; what it writes always loads back (``chatapp.settings.config.load_config``) as
 the same ``Config``.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from chatapp.config import Config, ConfigError, config_from_table, default_config_path
+from chatapp.settings.config import Config, ConfigError, config_from_table, default_config_path
 from chatapp.user_files import private_dir, write_private
 
 _SAVED_HEADER = ("# specchat settings (see the README). Written by the settings screen's\n"

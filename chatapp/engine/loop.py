@@ -17,21 +17,27 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.draft_policy import DraftPolicy, FixedDraftLength, StepOutcome
-from chatapp.drafting import (Drafter, ModelDrafter, Proposal, evaluate_sequence,
-                              rollback_to_prefix)
+from chatapp.engine.contracts import DraftBudget, Drafter, DraftPolicy, Proposal, StepOutcome
+from chatapp.engine.events import (
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    StepEvent,
+    TokenEvent,
+    TokenSource,
+)
+from chatapp.engine.kv import evaluate_sequence, rollback_to_prefix
+from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities
+from chatapp.engine.stats import StatsRecorder
+from chatapp.engine.verify import verify, verify_greedy
 from chatapp.errors import UserFacingError
-from chatapp.events import (DoneEvent, Event, FinishReason, PromptEvent, StepEvent, TokenEvent,
-                            TokenSource)
-from chatapp.sampling import SamplingParams, greedy_tokens, probabilities
-from chatapp.speculative import verify, verify_greedy
-from chatapp.stats import StatsRecorder
 
 
 class IncompatibleModelsError(UserFacingError):
@@ -73,19 +79,30 @@ def check_compatible(draft: Backend, target: Backend) -> None:
         )
 
 
+class _PlainDecoding:
+    """The policy of a turn given none: never draft."""
+
+    adaptive = False
+
+    def current_k(self) -> int:
+        return 0
+
+    def budget(self) -> DraftBudget:
+        return DraftBudget.uniform(0)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        pass
+
+    def start_turn(self) -> None:
+        pass
+
+
 class SpeculativeEngine:
     """Drives a target backend and an optional drafter. Not thread-safe: one turn at a time."""
 
     def __init__(self, target: Backend, drafter: Drafter | None = None) -> None:
         self.target = target
         self.drafter = drafter
-
-    @classmethod
-    def from_backends(cls, target: Backend, draft: Backend | None) -> "SpeculativeEngine":
-        if draft is None:
-            return cls(target)
-        check_compatible(draft, target)
-        return cls(target, ModelDrafter(draft))
 
     @property
     def target_name(self) -> str:
@@ -113,7 +130,7 @@ class SpeculativeEngine:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Stream the reply to ``prompt`` (token ids, chat template already applied)."""
-        policy = policy or FixedDraftLength(0)
+        policy = policy or _PlainDecoding()
         cancel = cancel or threading.Event()
         if len(prompt) + 1 > self.target.n_ctx:
             raise ContextOverflowError(
@@ -124,8 +141,15 @@ class SpeculativeEngine:
         yield from turn.run()
 
 
+_StepEnd = tuple[StepEvent, FinishReason | None]  # a step's event, and why the reply ends there
+
+
 class _Turn:
-    """The state of one reply; ``run`` is the step loop."""
+    """The state of one reply; ``run`` is the step loop.
+
+    The engine is the one place that measures a turn: every timing reads ``_clock``, and a
+    step's statistics are taken at the step's latest reading (the end of its verification, or
+    its first token), so that reporting them costs no reading of its own."""
 
     def __init__(self, engine: SpeculativeEngine, tokens: list[int], settings: GenerationSettings,
                  rng: np.random.Generator, policy: DraftPolicy, cancel: threading.Event) -> None:
@@ -141,48 +165,64 @@ class _Turn:
         self.emitted = 0
         self.last_k = 0  # the K of the latest step that asked the policy
         self.start = time.perf_counter()
+        self.now = self.start  # the latest reading of the clock
 
     def run(self) -> Iterator[Event]:
+        """The turn's events. Whatever stops a step (an exception, the consumer closing the
+        stream), both caches are left holding verified positions only."""
         yield self._prefill()
         step = 0
-        while True:
-            reason = self._finish_reason_before_step()
-            if reason is not None:
-                break
-            proposal, granted, draft_s = self._draft()
-            started = time.perf_counter()
-            n_accepted, next_token = self._verify(proposal)
-            verify_s = time.perf_counter() - started
-            k = len(proposal.tokens)
+        reason = self._finish_reason_before_step()
+        while reason is None:
             verified = len(self.tokens)
-            self.stats.record_step(k, n_accepted, draft_s, verify_s)
-            self.policy.observe(StepOutcome(proposal.source, k, n_accepted, draft_s, verify_s,
-                                            proposal.scores))
-            reason = None
-            for token, source in _emitted(proposal.tokens, n_accepted, next_token):
-                if token in self.target.stop_ids:
-                    reason = FinishReason.STOP
-                    break
-                yield self._emit(token, source, step)
-                if self.emitted >= self.settings.max_tokens:
-                    reason = FinishReason.LENGTH
-                    break
-            self._discard_unverified(verified)
-            yield StepEvent(step, granted, k, n_accepted, draft_s, verify_s, proposal.source)
+            try:
+                event, reason = yield from self._step(step)
+            finally:
+                self._discard_unverified(verified)
+            yield event
             step += 1
-            if reason is not None:
-                break
-        yield DoneEvent(reason, self.stats.snapshot(time.perf_counter() - self.start,
+            if reason is None:
+                reason = self._finish_reason_before_step()
+        yield DoneEvent(reason, self.stats.snapshot(self._clock() - self.start,
                                                     self.target.threads))
+
+    def _step(self, step: int) -> Generator[TokenEvent, None, _StepEnd]:
+        """Draft, verify and emit one step's tokens; returns the step's event (with the turn's
+        statistics so far) and why the reply ends with it (None: it goes on)."""
+        proposal, granted, draft_s = self._draft()
+        started = self._clock()
+        n_accepted, next_token = self._verify(proposal)
+        verify_s = self._clock() - started
+        k = len(proposal.tokens)
+        self.stats.record_step(k, n_accepted, draft_s, verify_s)
+        self.policy.observe(StepOutcome(proposal.source, k, n_accepted, draft_s, verify_s,
+                                        proposal.scores))
+        reason = None
+        for token, source in _emitted(proposal.tokens, n_accepted, next_token):
+            if token in self.target.stop_ids:
+                reason = FinishReason.STOP
+                break
+            yield self._emit(token, source, step)
+            if self.emitted >= self.settings.max_tokens:
+                reason = FinishReason.LENGTH
+                break
+        stats = self.stats.snapshot(self.now - self.start, self.target.threads)
+        return StepEvent(step, granted, k, n_accepted, draft_s, verify_s, proposal.source,
+                         self.policy.adaptive, stats), reason
+
+    def _clock(self) -> float:
+        """``time.perf_counter()``, kept as the latest reading (``now``)."""
+        self.now = time.perf_counter()
+        return self.now
 
     def _prefill(self) -> PromptEvent:
         """Bring both caches up to the prompt minus its last token (fed with the first step)."""
         self.policy.start_turn()
-        started = time.perf_counter()
+        started = self._clock()
         evaluate_sequence(self.target, self.tokens[:-1], 0)
         if self.drafter is not None:
             self.drafter.prefill(self.tokens[:-1])
-        self.stats.prompt_s = time.perf_counter() - started
+        self.stats.prompt_s = self._clock() - started
         return PromptEvent(len(self.tokens), self.stats.prompt_s)
 
     def _finish_reason_before_step(self) -> FinishReason | None:
@@ -206,10 +246,10 @@ class _Turn:
         self.last_k = 0
         if not budget.asks_drafter:
             return empty, 0, 0.0
-        started = time.perf_counter()
+        started = self._clock()
         proposal = self.drafter.propose(self.tokens, budget.capped(room - 1),
                                         self.settings.sampling, self.rng)
-        draft_s = time.perf_counter() - started
+        draft_s = self._clock() - started
         self.last_k = budget.for_source(proposal.source) if proposal.tokens else 0
         return proposal, self.last_k, draft_s
 
@@ -232,7 +272,7 @@ class _Turn:
         self.emitted += 1
         self.stats.tokens += 1
         if self.emitted == 1:
-            self.stats.ttft_s = time.perf_counter() - self.start
+            self.stats.ttft_s = self._clock() - self.start
         return TokenEvent(token, self.text.push(self.target.token_bytes(token)), source, step)
 
 

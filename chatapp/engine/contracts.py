@@ -21,8 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from chatapp.backends.base import Backend
-from chatapp.sampling import SamplingParams, greedy_tokens, probabilities, sample
+from chatapp.engine.sampling import SamplingParams
 
 MODEL_SOURCE = "model"  # the draft model's proposals
 LONGEST_FREE_DRAFT = 16  # the longest draft of a source that costs nothing to ask (a lookup, the
@@ -155,96 +154,47 @@ class Drafter(Protocol):
         ...
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share (the whole-prefix case at C speed)."""
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+MAX_DRAFT_LENGTH = 16
 
 
-def rollback_to_prefix(backend: Backend, sequence: Sequence[int], verified: int = 0) -> None:
-    """Truncate ``backend``'s cache to its longest prefix shared with ``sequence``.
+@dataclass(frozen=True)
+class StepOutcome:
+    """One verified step: ``source`` proposed ``drafted`` tokens ("" and 0 for a plain step), the
+    target accepted ``accepted`` of them; ``scores`` are a free drafter's would-be outcomes."""
 
-    Positions below ``verified`` are trusted to match and are not compared.
-    """
-    cached = backend.cached_tokens
-    start = min(verified, len(cached), len(sequence))
-    keep = start + common_prefix_length(cached[start:], sequence[start:])
-    if keep < len(cached):
-        backend.truncate(keep)
-
-
-def evaluate_sequence(backend: Backend, sequence: Sequence[int], n_logits: int) -> np.ndarray:
-    """Make ``backend``'s cache hold ``sequence`` and return logits after its last ``n_logits``.
-
-    Reuses the longest cached prefix; rolls back whatever diverges (rejected drafts, an edited
-    conversation). At least ``n_logits`` tokens are re-fed so their logits can be produced.
-    """
-    cached = backend.cached_tokens
-    keep = min(common_prefix_length(cached, sequence), len(sequence) - n_logits)
-    if keep < len(cached):
-        backend.truncate(keep)
-    fresh = list(sequence[keep:])
-    if not fresh:
-        return np.zeros((0, backend.vocab_size), dtype=np.float32)
-    return backend.evaluate(fresh, n_logits)
+    source: str
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    scores: tuple[ShadowScore, ...] = ()
 
 
-class ModelDrafter:
-    """Drafts autoregressively with a small model, sampling with the same params as the target.
-
-    Its source is ``MODEL_SOURCE``. With ``deferred``, ``prefill`` evaluates nothing: the draft
-    model catches up on the first proposal (``evaluate_sequence`` feeds what it lacks in one
-    batch), so when the policy never drafts, the draft model never evaluates the prompt. Its
-    cache still never holds tokens that are not in the conversation: ``prefill`` drops whatever
-    the new context no longer shares (a new chat, an edited message).
-    """
-
-    def __init__(self, backend: Backend, deferred: bool = False) -> None:
-        self.backend = backend
-        self.deferred = deferred
+class DraftPolicy(Protocol):
+    """Chooses each step's ``DraftBudget`` and learns from its ``StepOutcome``. Read from other
+    threads too (a front end shows the K in force while the engine drafts): thread-safe."""
 
     @property
-    def name(self) -> str:
-        return self.backend.name
+    def adaptive(self) -> bool:
+        """Whether the policy chooses K itself (an auto policy) rather than keeping the user's."""
+        ...
 
-    def prefill(self, context: Sequence[int]) -> None:
-        if self.deferred:
-            rollback_to_prefix(self.backend, context)
-        else:
-            evaluate_sequence(self.backend, context, 0)
+    def current_k(self) -> int:
+        """The draft length in force: the fixed K, or an adaptive policy's choice of the moment
+        (the longest any source drafts; probes aside)."""
+        ...
 
-    def rollback(self, context: Sequence[int], verified: int) -> None:
-        rollback_to_prefix(self.backend, context, verified)
+    def budget(self) -> DraftBudget: ...
 
-    def close(self) -> None:
-        self.backend.close()
+    def observe(self, outcome: StepOutcome) -> None: ...
 
-    def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        return self.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
+    def start_turn(self) -> None:
+        """A new reply begins (another prompt: perhaps another kind of text)."""
+        ...
 
-    def draft(self, context: Sequence[int], k: int, params: SamplingParams,
-              rng: np.random.Generator) -> Proposal:
-        """Up to ``k`` tokens sampled from the draft model (fewer when it proposes a stop)."""
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        sequence = list(context)
-        for _ in range(k):
-            logits = evaluate_sequence(self.backend, sequence, 1)
-            if params.greedy:  # a one-hot row, left unbuilt: greedy verification never reads it
-                token = greedy_tokens(logits)[0]
-            else:
-                rows.append(probabilities(logits[0], params))
-                token = sample(rows[-1], rng)
-            tokens.append(token)
-            sequence.append(token)
-            if token in self.backend.stop_ids:
-                break
-        if params.greedy or not tokens:
-            return Proposal.one_hot(tokens, self.backend.vocab_size, MODEL_SOURCE)
-        return Proposal(tokens, np.stack(rows), MODEL_SOURCE)
+
+def checked_draft_length(k: int) -> int:
+    """``k`` if it is a valid draft length, else ``ValueError``."""
+    if not 0 <= k <= MAX_DRAFT_LENGTH:
+        raise ValueError(f"draft length must be between 0 and {MAX_DRAFT_LENGTH}, got {k}")
+    return k

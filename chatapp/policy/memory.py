@@ -16,25 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from chatapp.auto_policy import AutoDraftLength
-from chatapp.config import Config
+from chatapp.policy.auto import AutoDraftLength
 from chatapp.user_files import private_dir, state_dir, write_private
 
 
-def memory_path(config: Config) -> Path:
-    """Where the measurements for ``config``'s machine, models, drafter, weight layout setting and
-    (for a target on RPC servers) layer layout are kept; a local run on the default layout
-    setting has the same key as before either existed."""
-    what = [config.backend, config.draft_backend_name, config.draft, config.target,
-            config.drafter, str(config.threads), str(config.gpu_layers), config.device,
-            config.dtype, str(os.cpu_count())]
-    if config.layout != "auto":  # other files, other costs; "auto" keeps the key it had
-        what.append(config.layout)
-    if config.rpc:  # another layout of the target's layers has other costs
-        what += ["rpc", *config.rpc, *map(str, config.tensor_split)]
-    key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
+def memory_path(setup: Sequence[str]) -> Path:
+    """Where the measurements of a setup are kept: ``setup`` names everything that changes what
+    the policy measures (machine, backends, models, drafter, threads, layouts: the settings'
+    ``Config.measured_setup``), with this machine's core count."""
+    key = hashlib.sha256("\0".join([*setup, str(os.cpu_count())]).encode()).hexdigest()[:24]
     return state_dir() / "auto-policy" / f"{key}.json"
 
 

@@ -1,4 +1,4 @@
-"""The llama-cpp-python build script: the AMX fix goes in exactly where it belongs, once."""
+"""The llama-cpp-python build script: the AMX fixes go in exactly where they belong, once."""
 
 from __future__ import annotations
 
@@ -7,10 +7,20 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends import llama_build
-from chatapp.backends.llama_build import AMX_ANCHOR, AMX_FIX, MMQ_PATH, BuildError, apply_amx_fix
+from chatapp.backends.llama_build import (
+    AMX_ANCHOR,
+    AMX_FIX,
+    MMQ_PATH,
+    RELOAD_ANCHOR,
+    RELOAD_FIX,
+    BuildError,
+    apply_amx_fix,
+)
 
 CONFIG_INIT = ("inline void ggml_tile_config_init(void) {\n"
-               "    alignas(64) tile_config_t tc = {};\n"
+               "    static thread_local bool done = false;\n\n"
+               + RELOAD_ANCHOR +
+               "\n    alignas(64) tile_config_t tc = {};\n"
                "    tc.palette_id = 1;\n"
                + AMX_ANCHOR +
                "    done = true;\n}\n")
@@ -30,14 +40,18 @@ def test_the_fix_goes_right_before_the_tile_configuration_is_loaded(tmp_path: Pa
     at = lines.index(AMX_ANCHOR)
     assert lines[at - 1] == AMX_FIX
     assert '"m"(tc)' in lines[at - 1]  # the asm reads the whole configuration
+    text = (tree / MMQ_PATH).read_text()
+    assert RELOAD_ANCHOR not in text and "return" not in text  # loaded at every call
+    assert RELOAD_FIX in text
     apply_amx_fix(tree)  # a second run changes nothing
-    assert (tree / MMQ_PATH).read_text().count(AMX_FIX) == 1
+    assert (tree / MMQ_PATH).read_text() == text
 
 
-@pytest.mark.parametrize("text", ["no tile configuration here\n", CONFIG_INIT + CONFIG_INIT])
+@pytest.mark.parametrize("text", ["no tile configuration here\n", CONFIG_INIT + CONFIG_INIT,
+                                  CONFIG_INIT.replace(RELOAD_ANCHOR, "")])
 def test_another_llama_cpp_is_refused_rather_than_patched_blindly(tmp_path: Path, text) -> None:
     tree = source_tree(tmp_path, text)
-    with pytest.raises(BuildError, match="not the llama.cpp the fix was written for"):
+    with pytest.raises(BuildError, match="not the llama.cpp the fixes were written for"):
         apply_amx_fix(tree)
     assert (tree / MMQ_PATH).read_text() == text
 

@@ -214,7 +214,8 @@ def smollm_pair(two_servers, smollm_path) -> Iterator[tuple]:
     from chatapp.backends.remote_target import RemoteTarget
 
     remote = RemoteTarget(smollm_path, two_servers, n_ctx=512, threads=1, tensor_split=(1, 1))
-    local = LlamaCppBackend(smollm_path, n_ctx=512, threads=1)
+    # without llama.cpp's extra buffer types (repacking, AMX), as an RPC server computes
+    local = LlamaCppBackend(smollm_path, n_ctx=512, threads=1, repack=False)
     yield remote, local
     remote.close()
     local.close()

@@ -5,8 +5,10 @@ first AMX tile instruction (llama.cpp issue 20824); one compiled with the fix, o
 without the bug, runs them and verifies batches several times faster. Nothing in the build's
 feature list tells the two apart, so ``amx_is_safe`` asks: a child process loads a tiny model
 made here (``write_probe_model``: one layer, Q8_0 weights, shapes that ggml's AMX kernels take)
-and evaluates a batch, which goes through the tile kernels. The child either prints ``ok`` or
-dies; the parent is never at risk.
+and evaluates a batch, which goes through the tile kernels; then it releases the tiles, as another
+AMX user of the process (PyTorch) does, and evaluates a second batch, which a build that loads its
+tile configuration once per thread does not survive (``llama_build``'s second fix). The child
+either prints ``ok`` or dies; the parent is never at risk.
 
 The answer is remembered per build (``build_key``: the native libraries' names, sizes and
 modification times) in ``<user state dir>/amx-probe.json``, so the probe runs once per build.
@@ -29,6 +31,8 @@ from pathlib import Path
 from chatapp.user_files import cache_dir, private_dir, state_dir, write_private
 
 PROBE_MODEL_VERSION = 1
+PROBE_VERSION = 2  # what a verdict means (2: the tiles released between two batches)
+_TILERELEASE_RET = bytes([0xC4, 0xE2, 0x78, 0x49, 0xC0, 0xC3])  # tilerelease; ret
 PROBE_TIMEOUT_S = 60.0
 _EMBED, _FFN, _HEADS, _VOCAB = 64, 128, 2, 64  # multiples of 32: AMX's Q8_0 tiles take them
 _PROBE_BATCH = 16  # a batch of 2+ tokens takes the tile kernels (one token a VNNI path)
@@ -41,8 +45,9 @@ class Verdict(enum.Enum):
 
 
 def build_key(library_dir: Path) -> str:
-    """An identity of the native libraries in ``library_dir`` (a rebuild changes it)."""
-    digest = hashlib.sha256()
+    """An identity of the native libraries in ``library_dir`` (a rebuild changes it) and of the
+    probe that judges them."""
+    digest = hashlib.sha256(f"probe {PROBE_VERSION}\0".encode())
     for path in sorted(library_dir.glob("*.so*")) + sorted(library_dir.glob("*.dylib")):
         stat = path.stat()
         digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
@@ -162,9 +167,23 @@ def amx_is_safe(library_dir: Path) -> bool:
     return verdict is Verdict.SAFE
 
 
-def _evaluate_a_batch(model: Path) -> None:
-    """The child's work: load ``model`` with llama.cpp's extra buffers (AMX) and decode a batch."""
+def release_tiles() -> None:
+    """Execute TILERELEASE on this thread (as oneDNN does after its kernels); AMX CPUs only."""
+    import ctypes
+    import mmap
+
+    code = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    code.write(_TILERELEASE_RET)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(code))
+    ctypes.CFUNCTYPE(None)(address)()
+
+
+def _evaluate_batches(model: Path) -> None:
+    """The child's work: load ``model`` with llama.cpp's extra buffers (AMX), decode a batch on
+    this thread, release the tiles (on a CPU with AMX), decode another."""
     import llama_cpp as lib
+
+    from chatapp.backends.amx_guard import cpu_flags
 
     quiet = lib.llama_log_callback(lambda *_: None)  # referenced until the process ends
     lib.llama_log_set(quiet, None)
@@ -174,16 +193,20 @@ def _evaluate_a_batch(model: Path) -> None:
         raise SystemExit("the probe model did not load")
     params = lib.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch, params.n_threads = 64, 32, 32, 1
+    params.n_threads_batch = 1  # this thread computes: the one whose tiles are released
     ctx = lib.llama_init_from_model(loaded, params)
     batch = lib.llama_batch_init(_PROBE_BATCH, 0, 1)
-    for i in range(_PROBE_BATCH):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i] = i % _VOCAB, i, 1
-        batch.seq_id[i][0], batch.logits[i] = 0, True
-    batch.n_tokens = _PROBE_BATCH
-    if lib.llama_decode(ctx, batch) != 0:
-        raise SystemExit("llama_decode failed")
+    for start in (0, _PROBE_BATCH):
+        for i in range(_PROBE_BATCH):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = i % _VOCAB, start + i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, True
+        batch.n_tokens = _PROBE_BATCH
+        if lib.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        if start == 0 and "amx_tile" in cpu_flags():
+            release_tiles()
     print("ok", flush=True)
 
 
 if __name__ == "__main__":
-    _evaluate_a_batch(Path(sys.argv[1]))
+    _evaluate_batches(Path(sys.argv[1]))

@@ -139,7 +139,8 @@ class ModelIntegrityError(UserFacingError):
     """Assembled weights do not match the catalog's sha256."""
 
 
-LICENCE_TEXTS = {"Apache-2.0": Path(__file__).resolve().parent / "data" / "LICENSE-Apache-2.0.txt"}
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # chatapp/data
+LICENCE_TEXTS = {"Apache-2.0": DATA_DIR / "LICENSE-Apache-2.0.txt"}
 
 
 def licence_text(spec: ModelSpec) -> Path | None:

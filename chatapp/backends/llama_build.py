@@ -1,16 +1,22 @@
 """Build llama-cpp-python for this CPU, with llama.cpp's AMX kernels made safe: ``python -m
 chatapp.backends.llama_build``.
 
-llama.cpp's AMX kernels crash when compiled by GCC 12 (Debian 12's compiler): in
-``ggml_tile_config_init`` (``ggml/src/ggml-cpu/amx/mmq.cpp``) GCC 12's ``_tile_loadconfig`` hands
-the 64-byte tile configuration to its asm as an 8-byte memory operand, so the stores that fill in
-the rows and column widths are optimised away and the first tile instruction faults (llama.cpp
-issue 20824, fix proposed in PR 26954; no llama-cpp-python release carries it). One empty asm
-statement that reads the whole configuration keeps the stores (``AMX_FIX``); it changes nothing
-where the compiler already keeps them (GCC 13+, clang).
+llama.cpp's AMX kernels fail in two ways, both in ``ggml_tile_config_init``
+(``ggml/src/ggml-cpu/amx/mmq.cpp``), which fills a 64-byte tile configuration and loads it:
 
-This module fetches the pinned sdist with pip, checks its sha256, adds that line, and installs it
-with pip, compiled for the CPU it runs on (``GGML_NATIVE``: AMX where the CPU has it, AVX-512 or
+- compiled by GCC 12 (Debian 12's compiler), ``_tile_loadconfig`` hands the configuration to its
+  asm as an 8-byte memory operand, so the stores that fill in the rows and column widths are
+  optimised away and the first tile instruction faults (llama.cpp issue 20824, fix proposed in
+  PR 26954; no llama-cpp-python release carries it). One empty asm statement that reads the whole
+  configuration keeps the stores (``AMX_FIX``); it changes nothing where the compiler already
+  keeps them (GCC 13+, clang);
+- it loads the configuration once per thread and never again, while another library of the
+  process may release the tiles on the same thread (PyTorch does, with the transformers backend
+  beside a llama.cpp draft): the next tile instruction then faults (SIGILL). Loading it at every
+  call (``RELOAD_FIX``) costs one instruction per matrix product and thread.
+
+This module fetches the pinned sdist with pip, checks its sha256, applies both fixes, and installs
+it with pip, compiled for the CPU it runs on (``GGML_NATIVE``: AMX where the CPU has it, AVX-512 or
 AVX2 elsewhere) and with llama.cpp's RPC backend (a target on other machines). Standard library
 only: it runs from a source checkout before anything else is installed.
 """
@@ -35,6 +41,9 @@ MMQ_PATH = "vendor/llama.cpp/ggml/src/ggml-cpu/amx/mmq.cpp"
 AMX_ANCHOR = "    _tile_loadconfig(&tc);\n"
 AMX_FIX = ('    __asm__ volatile("" :: "m"(tc));  // specchat: keep the stores '
            "(llama.cpp #20824, PR #26954)\n")
+RELOAD_ANCHOR = "    if (done) {\n        return;\n    }\n"
+RELOAD_FIX = ("    // specchat: load the configuration at every call: another AMX user of the "
+              "process may have\n    // released the tiles on this thread since\n")
 
 FULL_BUILD_COMMAND = "python -m chatapp.backends.llama_build"
 
@@ -67,19 +76,26 @@ def fetch_sdist(folder: Path) -> Path:
 
 
 def apply_amx_fix(source: Path) -> None:
-    """Insert ``AMX_FIX`` before the one ``_tile_loadconfig(&tc)`` call of ``MMQ_PATH``.
+    """Insert ``AMX_FIX`` before the one ``_tile_loadconfig(&tc)`` call of ``MMQ_PATH`` and put
+    ``RELOAD_FIX`` in place of its once-per-thread early return.
 
-    Raises ``BuildError`` unless the anchor occurs exactly once (another llama.cpp version) or
-    the fix is already there (idempotent).
+    Raises ``BuildError`` unless each anchor occurs exactly once (another llama.cpp version), or
+    the fixes are already there (idempotent).
     """
     mmq = source / MMQ_PATH
     text = mmq.read_text()
-    if AMX_FIX in text:
-        return
-    if text.count(AMX_ANCHOR) != 1:
-        raise BuildError(f"{MMQ_PATH} has {text.count(AMX_ANCHOR)} '_tile_loadconfig(&tc);' "
-                         "lines, not one: this is not the llama.cpp the fix was written for")
-    mmq.write_text(text.replace(AMX_ANCHOR, AMX_FIX + AMX_ANCHOR))
+    if AMX_FIX not in text:
+        text = _replace_once(text, AMX_ANCHOR, AMX_FIX + AMX_ANCHOR)
+    if RELOAD_FIX not in text:
+        text = _replace_once(text, RELOAD_ANCHOR, RELOAD_FIX)
+    mmq.write_text(text)
+
+
+def _replace_once(text: str, anchor: str, replacement: str) -> str:
+    if text.count(anchor) != 1:
+        raise BuildError(f"{MMQ_PATH} has {text.count(anchor)} places for a fix ({anchor.strip()!r}),"
+                         " not one: this is not the llama.cpp the fixes were written for")
+    return text.replace(anchor, replacement)
 
 
 def unpack(sdist: Path, folder: Path) -> Path:
@@ -106,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             source = unpack(fetch_sdist(Path(tmp)), Path(tmp))
             apply_amx_fix(source)
-            print(f"llama-cpp-python {VERSION}: sha256 checked, AMX fix applied; compiling "
+            print(f"llama-cpp-python {VERSION}: sha256 checked, AMX fixes applied; compiling "
                   "(about 7 minutes on 2 cores)", flush=True)
             install(source, args.cmake_args)
         except BuildError as error:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chatapp.chats_command import add_chats_parser, chats_command
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, load_config
 from chatapp.settings.options import (
@@ -29,7 +30,7 @@ from chatapp.settings.options import (
     endpoint_list,
 )
 
-SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
+SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server", "chats")
 
 
 _positive_int = arg_type(int, at_least(1), "positive_int")
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--fidelity-reference", metavar="REFERENCE", default="shipped",
                        help="the reference of --fidelity (default: shipped)")
     _add_rpc_server_parser(commands)
+    add_chats_parser(commands)
     return parser
 
 
@@ -271,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command or "tui"
         if command == "rpc-server":
             return rpc_server_command(args)
+        if command == "chats":
+            return chats_command(args)
         config = load_settings(args)
         if command == "run":
             return run_command(config, args.prompt, args.json)

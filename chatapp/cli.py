@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", help="the prompt; - reads it from stdin")
     run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    run.add_argument("--file", dest="files", action="append", default=[], metavar="PATH",
+                     help="attach this text file to the prompt (repeatable)")
     commands.add_parser("models", parents=[common], help="list known models and what is installed")
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
@@ -277,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return chats_command(args)
         config = load_settings(args)
         if command == "run":
-            return run_command(config, args.prompt, args.json)
+            return run_command(config, args.prompt, args.json, args.files)
         if command == "models":
             return models_command(config)
         if command == "bench":
@@ -301,8 +303,10 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
     print(f"\r\033[K{message}{percent}", end="", file=sys.stderr, flush=True)
 
 
-def run_command(config: Config, prompt: str, as_json: bool) -> int:
-    """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
+def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str] = ()) -> int:
+    """Stream one reply to stdout, the ``files`` attached to the prompt; Ctrl-C stops it
+    cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.chat.attachments import read_attachment
     from chatapp.chat.conversation import Conversation
     from chatapp.chat.events import TokenEvent, format_summary
     from chatapp.chat.loader import build_session
@@ -310,6 +314,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     from chatapp.settings.config import rpc_label
 
     text = sys.stdin.read() if prompt == "-" else prompt
+    attachments = [read_attachment(path) for path in files]
     session = build_session(config, _stderr_progress, with_draft=config.draft_length != "0")
     _stderr_progress("", None)
     for note in session.notes:
@@ -327,7 +332,7 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
     chat = Conversation(config)
     chat.attach(session)
     try:
-        turn = chat.begin(text)
+        turn = chat.begin(text, attachments)
         _cancel_on_interrupt(turn.cancel)
         reply = chat.run(turn, show)
     finally:

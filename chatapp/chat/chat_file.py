@@ -8,11 +8,12 @@ The file (``FORMAT``, ``VERSION``)::
      "created_at": <Unix seconds>, "messages": [
         {"role": "user" | "assistant" | "system", "content": ..., "created_at": ...,
          "runs": [[text, source], ...] | null, "finish_reason": ... | null,
-         "stats": TurnStats.to_json() | null, "meta": {...}}, ...]}
+         "stats": TurnStats.to_json() | null, "meta": {...},
+         "attachments": [{"path": ..., "language": ..., "text": ...}, ...]}, ...]}
 
 ``runs`` is the reply's token provenance (sources as ``TokenSource`` values), ``stats`` the turn's
 statistics and ``meta`` the settings the reply was made with (K, sampling, models), as the history
-holds them.
+holds them; ``attachments`` the files sent with a user message (may be left out when none).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from chatapp.chat.attachments import Attachment
 from chatapp.chat.history import ChatSummary, StoredMessage
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
@@ -54,6 +56,7 @@ def _message_json(message: StoredMessage) -> dict[str, Any]:
         "finish_reason": message.finish_reason,
         "stats": message.stats.to_json() if message.stats is not None else None,
         "meta": message.meta,
+        "attachments": [attachment.to_json() for attachment in message.attachments],
     }
 
 
@@ -94,7 +97,18 @@ def _message(data: Any, number: int) -> StoredMessage:
         created_at=_number(data, "created_at", where),
         runs=_runs(data.get("runs"), content, where),
         finish_reason=finish_reason, stats=_stats(data.get("stats"), where),
-        meta=_field(data, "meta", dict, where))
+        meta=_field(data, "meta", dict, where),
+        attachments=_attachments(data.get("attachments", []), where))
+
+
+def _attachments(data: Any, where: str) -> tuple[Attachment, ...]:
+    try:
+        if not isinstance(data, list):
+            raise ValueError("not a list")
+        return tuple(Attachment.from_json(item) for item in data)
+    except ValueError:
+        raise ChatFileError(f'{where} has "attachments" that are not a list of objects with a '
+                            '"path", a "language" and a "text"') from None
 
 
 def _runs(data: Any, content: str, where: str) -> list[tuple[str, TokenSource]] | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.history_schema import MIGRATIONS, SCHEMA_VERSION
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
@@ -72,6 +73,7 @@ class StoredMessage:
     finish_reason: str | None = None
     stats: TurnStats | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    attachments: tuple[Attachment, ...] = ()  # the files sent with a user message
 
 
 @dataclass(frozen=True)
@@ -217,11 +219,13 @@ class HistoryStore:
     def add_message(self, chat_id: int, role: str, content: str, *,
                     runs: Sequence[tuple[str, TokenSource]] | None = None,
                     finish_reason: str | None = None, stats: TurnStats | None = None,
-                    meta: dict[str, Any] | None = None, now: float | None = None) -> int:
-        """Append a message (and its turn statistics, if any) to a chat; returns its id."""
+                    meta: dict[str, Any] | None = None, now: float | None = None,
+                    attachments: Sequence[Attachment] = ()) -> int:
+        """Append a message (its turn statistics and attachments, if any) to a chat; returns its
+        id."""
         now = time.time() if now is None else now
         message = StoredMessage(0, chat_id, role, content, now, list(runs) if runs is not None
-                                else None, finish_reason, stats, meta or {})
+                                else None, finish_reason, stats, meta or {}, tuple(attachments))
         with self._transaction() as db:
             message_id = self._insert_message(db, chat_id, message)
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
@@ -235,11 +239,13 @@ class HistoryStore:
             "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
             (chat_id,)).fetchone()[0]
         runs = encode_runs(message.runs) if message.runs is not None else None
+        files = json.dumps([attachment.to_json() for attachment in message.attachments],
+                           ensure_ascii=False) if message.attachments else None
         cursor = db.execute(
             "INSERT INTO messages (chat_id, position, role, content, runs, finish_reason, "
-            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "created_at, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (chat_id, position, message.role, message.content, runs, message.finish_reason,
-             message.created_at))
+             message.created_at, files))
         message_id = int(cursor.lastrowid)
         if message.stats is not None:
             db.execute("INSERT INTO turn_stats (message_id, stats, meta) VALUES (?, ?, ?)",
@@ -292,7 +298,8 @@ class HistoryStore:
     def messages(self, chat_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
             "SELECT m.id, m.chat_id, m.role, m.content, m.created_at, m.runs, m.finish_reason, "
-            "s.stats, s.meta FROM messages m LEFT JOIN turn_stats s ON s.message_id = m.id "
+            "s.stats, s.meta, m.attachments FROM messages m "
+            "LEFT JOIN turn_stats s ON s.message_id = m.id "
             "WHERE m.chat_id = ? ORDER BY m.position", (chat_id,)).fetchall()
         return [
             StoredMessage(
@@ -300,6 +307,8 @@ class HistoryStore:
                 runs=decode_runs(row[5]), finish_reason=row[6],
                 stats=TurnStats.from_json(json.loads(row[7])) if row[7] else None,
                 meta=json.loads(row[8]) if row[8] else {},
+                attachments=tuple(Attachment.from_json(item) for item in json.loads(row[9]))
+                if row[9] else (),
             )
             for row in rows
         ]
@@ -350,7 +359,7 @@ def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
         if message.finish_reason in ("cancelled", "error", "length"):
             heading += {"cancelled": " (stopped)", "error": " (failed)",
                         "length": " (cut at max tokens)"}[message.finish_reason]
-        lines += [f"## {heading}", "", message.content, ""]
+        lines += [f"## {heading}", "", message_text(message.content, message.attachments), ""]
         if message.stats is not None:
             lines += [f"> {turn_summary(message.stats, message.meta)}", ""]
     return "\n".join(lines)

@@ -13,6 +13,9 @@ Layout (schema version in ``PRAGMA user_version``; ``MIGRATIONS[i]`` brings vers
   lives in ``messages`` only), kept in step by triggers on insert, update and delete (a chat's
   deletion cascades to its messages and so to the index). Opening an older history builds it
   from the messages there.
+- ``messages.attachments`` (schema 3): the files sent with a user message, as a JSON list of
+  ``Attachment.to_json()`` objects (path, language, text as sent); NULL when none. The search
+  index holds the typed text only.
 """
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -61,5 +64,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         END""",
         "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",
     ),
+    ("ALTER TABLE messages ADD COLUMN attachments TEXT",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

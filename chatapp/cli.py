@@ -308,7 +308,7 @@ def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str]
     cleanly (a second Ctrl-C quits at once)."""
     from chatapp.chat.attachments import read_attachment
     from chatapp.chat.conversation import Conversation
-    from chatapp.chat.events import TokenEvent, format_summary
+    from chatapp.chat.events import DoneEvent, TokenEvent, format_summary
     from chatapp.chat.loader import build_session
     from chatapp.chat.turns import ChatEvent, PlanEvent
     from chatapp.settings.config import rpc_label
@@ -325,7 +325,11 @@ def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str]
             if event.note:
                 print(f"note: {event.note}", file=sys.stderr)
         elif as_json:
-            _print_json(event.to_json())
+            data = event.to_json()
+            if isinstance(event, DoneEvent):  # the context the chat now fills, of the window
+                data.update(context_tokens=event.stats.prompt_tokens + event.stats.tokens,
+                            n_ctx=chat.n_ctx)
+            _print_json(data)
         elif isinstance(event, TokenEvent):
             print(event.text, end="", flush=True)
 

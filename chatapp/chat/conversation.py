@@ -111,6 +111,11 @@ class Conversation:
         return self.session is not None and self.session.engine.drafter_name is not None
 
     @property
+    def n_ctx(self) -> int | None:
+        """The loaded target's context window, in tokens (None: no models loaded)."""
+        return self.session.engine.target.n_ctx if self.session is not None else None
+
+    @property
     def busy(self) -> bool:
         """A reply or a replay is running: the models take no other work."""
         return self.turn is not None or self.replaying is not None

@@ -34,7 +34,8 @@ def add_chats_parser(commands: Any) -> None:
     actions = chats.add_subparsers(dest="chats_action", metavar="ACTION", required=True)
     actions.add_parser("list", help="every chat, the most recently used first")
     search = actions.add_parser("search", help="the messages of every chat that hold these words")
-    search.add_argument("text", help="words to find (each may be the start of a longer word)")
+    search.add_argument("words", nargs="+", metavar="TEXT",
+                        help="words to find (each may be the start of a longer word)")
     search.add_argument("--limit", type=arg_type(int, at_least(1), "positive_int"), default=50,
                         help="most hits shown (default 50)")
     export = actions.add_parser("export", help="one chat as Markdown or JSON")
@@ -85,11 +86,12 @@ def _list(chats: SavedChats, args: argparse.Namespace) -> int:
 def _search(chats: SavedChats, args: argparse.Namespace) -> int:
     from chatapp.chat.terminal_text import printable_line
 
-    if not any(char.isalnum() for char in args.text):
+    text = " ".join(args.words)
+    if not any(char.isalnum() for char in text):
         return _fail("give at least one word to search for, e.g. `specchat chats search rename`")
-    hits = chats.search(args.text, args.limit, _MARK)
+    hits = chats.search(text, args.limit, _MARK)
     if not hits:
-        return _fail(f"no message matches {args.text!r}.")
+        return _fail(f"no message matches {text!r}.")
     bold = _BOLD if sys.stdout.isatty() else ("", "")
     roles = {"user": "you", "assistant": "assistant", "system": "system"}
     for hit in hits:

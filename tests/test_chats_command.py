@@ -64,7 +64,7 @@ def test_search_finds_a_message_in_another_chat_and_says_when_nothing_matches(hi
     assert status == 0 and out.splitlines() == [
         f"chat {history.ids[1]}, message {message} (you): Shopping ␛[31mlist",
         "    Buy apples and pears"]
-    status, out, _ = chats(capsys, "search", "greet str")
+    status, out, _ = chats(capsys, "search", "greet", "str")
     assert status == 0 and out.count("chat ") == 2  # the question and the reply
     assert "no message matches 'bananas'" in one_line_error(*chats(capsys, "search", "bananas"))
     assert "at least one word" in one_line_error(*chats(capsys, "search", "--", "?!"))
@@ -129,7 +129,8 @@ MALFORMED = {
     "another format": (lambda data: broken(data, lambda d: d.update(format="x")),
                        "not a specchat chat"),
     "a newer version": (lambda data: broken(data, lambda d: d.update(version=VERSION + 1)),
-                        f"version {VERSION + 1} of the chat format"),
+                        f"version {VERSION + 1} of the chat format and this specchat reads "
+                        f"version {VERSION}: a newer specchat wrote it, upgrade"),
     "no messages": (lambda data: broken(data, lambda d: d.pop("messages")), 'no "messages"'),
     "a title number": (lambda data: broken(data, lambda d: d.update(title=3)),
                        '"title" of the wrong type'),
@@ -143,6 +144,13 @@ MALFORMED = {
         tokens="7")), 'message 2 has "stats" that are not'),
     "a bad time": (lambda data: broken(data, lambda d: d["messages"][0].update(
         created_at=True)), 'message 1 has a "created_at" that is not a number'),
+    "an infinite time": (lambda data: broken(data, lambda d: d.update(created_at=float("inf"))),
+                         'the chat has a "created_at" that is not a number'),
+    "a bad replay": (lambda data: broken(data, lambda d: d["messages"][1]["meta"].update(
+        replay={"tokens": 3})), 'message 2 has a "meta" whose'),
+    "bad attachments": (lambda data: broken(data, lambda d: d["messages"][0].update(
+        attachments=[{"path": "a.py"}])), 'message 1 has "attachments" that are not'),
+    "too deep": (lambda data: "[" * 100000 + "]" * 100000, "it is not JSON"),
 }
 
 

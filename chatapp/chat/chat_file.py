@@ -19,6 +19,7 @@ holds them; ``attachments`` the files sent with a user message (may be left out 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from chatapp.chat.attachments import Attachment
 from chatapp.chat.history import ChatSummary, StoredMessage
 from chatapp.engine.events import TokenSource
-from chatapp.engine.stats import TurnStats
+from chatapp.engine.stats import ReplayStats, TurnStats
 from chatapp.errors import UserFacingError
 
 FORMAT = "specchat-chat"
@@ -67,13 +68,17 @@ def chat_from_json(text: str) -> tuple[ChatSummary, list[StoredMessage]]:
     field missing or of the wrong type (naming the message and the field)."""
     try:
         data = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ChatFileError(f"it is not JSON ({error})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ChatFileError(f'it is not a specchat chat (no "format": "{FORMAT}")')
-    if data.get("version") != VERSION:
-        raise ChatFileError(f"it is version {data.get('version')!r} of the chat format; this "
-                            f"specchat reads version {VERSION} (a newer specchat may read it)")
+    version = data.get("version")
+    if version != VERSION:
+        newer = isinstance(version, int) and version > VERSION
+        raise ChatFileError(f"it is version {version!r} of the chat format and this specchat "
+                            f"reads version {VERSION}"
+                            + (": a newer specchat wrote it, upgrade to import it" if newer
+                               else ""))
     chat = ChatSummary(0, _field(data, "title", str), _field(data, "draft", str),
                        _field(data, "target", str), _number(data, "created_at"),
                        _number(data, "created_at"), 0)
@@ -97,8 +102,24 @@ def _message(data: Any, number: int) -> StoredMessage:
         created_at=_number(data, "created_at", where),
         runs=_runs(data.get("runs"), content, where),
         finish_reason=finish_reason, stats=_stats(data.get("stats"), where),
-        meta=_field(data, "meta", dict, where),
+        meta=_meta(_field(data, "meta", dict, where), where),
         attachments=_attachments(data.get("attachments", []), where))
+
+
+def _meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
+    """``meta`` when the entries the front ends read are of their types (free-form otherwise)."""
+    replay = meta.get("replay")
+    try:
+        if replay is not None:
+            ReplayStats.from_json(replay)
+        rpc = meta.get("target_rpc", [])
+        if not isinstance(meta.get("k", ""), (str, int)) or not isinstance(rpc, list) or not all(
+                isinstance(endpoint, str) for endpoint in rpc):
+            raise ValueError(where)
+    except (TypeError, ValueError, KeyError):
+        raise ChatFileError(f'{where} has a "meta" whose "k", "target_rpc" or "replay" is not '
+                            "what specchat writes there") from None
+    return meta
 
 
 def _attachments(data: Any, where: str) -> tuple[Attachment, ...]:
@@ -153,6 +174,6 @@ def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...],
 
 def _number(data: dict[str, Any], name: str, where: str = "the chat") -> float:
     value = _field(data, name, (int, float), where)
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not math.isfinite(value):
         raise ChatFileError(f'{where} has a "{name}" that is not a number')
     return float(value)

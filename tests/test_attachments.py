@@ -191,3 +191,21 @@ def test_specchat_run_refuses_a_file_in_one_line(folder, fake_models, capsys, na
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("specchat: ") and reason in err and err.count("\n") == 1
     assert len(loads) == (name == "big.txt")  # a file is read before the models are loaded
+
+
+def test_the_drafters_history_index_holds_past_chats_with_their_files(tmp_path):
+    """The suffix index over the history renders a saved message as the models saw it, so a
+    file attached in an earlier chat is a source for the drafter too."""
+    from chatapp.backends.chat_template import ChatMessage
+    from chatapp.backends.fake import FakeBackend
+    from chatapp.chat.loader import load_history_index
+
+    history = HistoryStore(tmp_path / "history.sqlite3")
+    chat = history.create_chat("earlier")
+    attachment = Attachment("notes.txt", "text", "the speculative draft token")
+    history.add_message(chat, "user", "is the token", attachments=[attachment])
+    target = FakeBackend()
+    index = load_history_index(history, target, CONFIG)
+    assert index.corpus.document(chat) == target.chat_prompt(
+        [ChatMessage("user", message_text("is the token", [attachment]))])
+    history.close()

@@ -64,8 +64,10 @@ def test_search_finds_a_message_in_another_chat_and_says_when_nothing_matches(hi
     assert status == 0 and out.splitlines() == [
         f"chat {history.ids[1]}, message {message} (you): Shopping ␛[31mlist",
         "    Buy apples and pears"]
-    status, out, _ = chats(capsys, "search", "greet", "str")
+    status, out, _ = chats(capsys, "search", "greet")
     assert status == 0 and out.count("chat ") == 2  # the question and the reply
+    status, out, _ = chats(capsys, "search", "greet", "str")  # both words: only the reply
+    assert status == 0 and out.splitlines()[1] == "    def greet(name: str) -> str"
     assert "no message matches 'bananas'" in one_line_error(*chats(capsys, "search", "bananas"))
     assert "at least one word" in one_line_error(*chats(capsys, "search", "--", "?!"))
 

@@ -42,7 +42,8 @@ def add_chats_parser(commands: Any) -> None:
     export.add_argument("chat_id", type=int, metavar="ID", help="the chat's id (see `list`)")
     export.add_argument("--format", dest="export_format", choices=("md", "json"), default="md",
                         help="md (to read, the default) or json (to import elsewhere)")
-    export.add_argument("-o", "--output", type=Path, help="write to FILE (default: stdout)")
+    export.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="write to FILE (default: stdout)")
     load = actions.add_parser("import", help="a new chat from a JSON export")
     load.add_argument("file", type=Path, help="a file written by `export --format json`")
     rename = actions.add_parser("rename", help="give a chat another title")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chatapp.chats_command import add_chats_parser, chats_command
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, load_config
 from chatapp.settings.options import (
@@ -29,7 +30,7 @@ from chatapp.settings.options import (
     endpoint_list,
 )
 
-SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server")
+SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server", "chats")
 
 
 _positive_int = arg_type(int, at_least(1), "positive_int")
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", help="the prompt; - reads it from stdin")
     run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    run.add_argument("--file", dest="files", action="append", default=[], metavar="PATH",
+                     help="attach this text file to the prompt (repeatable)")
     commands.add_parser("models", parents=[common], help="list known models and what is installed")
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
@@ -169,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--fidelity-reference", metavar="REFERENCE", default="shipped",
                        help="the reference of --fidelity (default: shipped)")
     _add_rpc_server_parser(commands)
+    add_chats_parser(commands)
     return parser
 
 
@@ -271,9 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command or "tui"
         if command == "rpc-server":
             return rpc_server_command(args)
+        if command == "chats":
+            return chats_command(args)
         config = load_settings(args)
         if command == "run":
-            return run_command(config, args.prompt, args.json)
+            return run_command(config, args.prompt, args.json, args.files)
         if command == "models":
             return models_command(config)
         if command == "bench":
@@ -297,15 +303,18 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
     print(f"\r\033[K{message}{percent}", end="", file=sys.stderr, flush=True)
 
 
-def run_command(config: Config, prompt: str, as_json: bool) -> int:
-    """Stream one reply to stdout; Ctrl-C stops it cleanly (a second Ctrl-C quits at once)."""
+def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str] = ()) -> int:
+    """Stream one reply to stdout, the ``files`` attached to the prompt; Ctrl-C stops it
+    cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.chat.attachments import read_attachment
     from chatapp.chat.conversation import Conversation
-    from chatapp.chat.events import TokenEvent, format_summary
+    from chatapp.chat.events import DoneEvent, TokenEvent, format_summary
     from chatapp.chat.loader import build_session
     from chatapp.chat.turns import ChatEvent, PlanEvent
     from chatapp.settings.config import rpc_label
 
     text = sys.stdin.read() if prompt == "-" else prompt
+    attachments = [read_attachment(path) for path in files]
     session = build_session(config, _stderr_progress, with_draft=config.draft_length != "0")
     _stderr_progress("", None)
     for note in session.notes:
@@ -316,14 +325,18 @@ def run_command(config: Config, prompt: str, as_json: bool) -> int:
             if event.note:
                 print(f"note: {event.note}", file=sys.stderr)
         elif as_json:
-            _print_json(event.to_json())
+            data = event.to_json()
+            if isinstance(event, DoneEvent):  # the context the chat now fills, of the window
+                data.update(context_tokens=event.stats.prompt_tokens + event.stats.tokens,
+                            n_ctx=chat.n_ctx)
+            _print_json(data)
         elif isinstance(event, TokenEvent):
             print(event.text, end="", flush=True)
 
     chat = Conversation(config)
     chat.attach(session)
     try:
-        turn = chat.begin(text)
+        turn = chat.begin(text, attachments)
         _cancel_on_interrupt(turn.cancel)
         reply = chat.run(turn, show)
     finally:

@@ -76,7 +76,11 @@ def test_specchat_run_json_steps_carry_the_running_statistics(finished, capsys) 
     assert "".join(line["text"] for line in lines if line["type"] == "token") == entry.content
     steps = [line for line in lines if line["type"] == "step"]
     done = lines[-1]
-    assert done["type"] == "done" and set(done) == {"type", "finish_reason", "stats"}
+    assert done["type"] == "done" and set(done) == {"type", "finish_reason", "stats",
+                                                    "context_tokens", "n_ctx"}
+    assert done["n_ctx"] == 4096  # the fake target's window
+    assert done["context_tokens"] == done["stats"]["prompt_tokens"] + done["stats"]["tokens"]
+    assert done["stats"]["prompt_tokens"] > 0 and done["stats"]["tokens"] == len(turn.pieces)
     assert len(steps) == done["stats"]["target_calls"] == len(turn.steps)
     assert all(step["k"] == 3 and not step["adaptive"] for step in steps)
     tokens = [step["stats"]["tokens"] for step in steps]

@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.attachments import Attachment, check_fits
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.loader import generation_settings, make_policy
 from chatapp.chat.session import ChatSession, fallback_template_note
@@ -108,6 +109,11 @@ class Conversation:
     @property
     def has_drafter(self) -> bool:
         return self.session is not None and self.session.engine.drafter_name is not None
+
+    @property
+    def n_ctx(self) -> int | None:
+        """The loaded target's context window, in tokens (None: no models loaded)."""
+        return self.session.engine.target.n_ctx if self.session is not None else None
 
     @property
     def busy(self) -> bool:
@@ -214,7 +220,7 @@ class Conversation:
     @property
     def messages(self) -> list[ChatMessage]:
         """The open chat as the models see it."""
-        return [ChatMessage(entry.role, entry.content) for entry in self.entries]
+        return [ChatMessage(entry.role, entry.sent_text) for entry in self.entries]
 
     def is_current(self, turn: Turn) -> bool:
         """Whether ``turn`` belongs to the chat open now."""
@@ -222,10 +228,14 @@ class Conversation:
 
     # -- turns ----------------------------------------------------------------------------------
 
-    def begin(self, text: str) -> Turn:
-        """A new user message and the turn that answers it."""
-        self._check_idle()
-        entry = ChatEntry("user", text, self._save_user_message(text))
+    def begin(self, text: str, attachments: Sequence[Attachment] = ()) -> Turn:
+        """A new user message (with the files ``attachments``, read by ``read_attachment``) and
+        the turn that answers it. Files that would not fit the context are refused
+        (``AttachmentError``, nothing saved)."""
+        session = self._check_idle()
+        check_fits(text, attachments, session.message_tokens, session.prompt_room)
+        entry = ChatEntry("user", text, self._save_user_message(text, attachments),
+                          attachments=tuple(attachments))
         self.entries.append(entry)
         return self._start(text, user_entry=entry)
 
@@ -246,13 +256,15 @@ class Conversation:
     def edit(self, entry: ChatEntry, text: str) -> tuple[Turn, str]:
         """Send ``text`` in place of the user message ``entry``: the later turns are replaced.
         The chat as it was is kept in the history as its own chat; returns the turn and that
-        chat's title ("" when nothing was saved: no history, or nothing came after)."""
-        self._check_idle()
+        chat's title ("" when nothing was saved: no history, or nothing came after). The
+        message keeps its attachments."""
+        session = self._check_idle()
         if entry not in self.entries or entry.role != "user":
             raise ChatActionError("Only your own messages of this chat can be edited.")
+        check_fits(text, entry.attachments, session.message_tokens, session.prompt_room)
         backup = self._keep_before_edit(entry)
         del self.entries[self.entries.index(entry):]
-        return self.begin(text), backup
+        return self.begin(text, entry.attachments), backup
 
     def _keep_before_edit(self, entry: ChatEntry) -> str:
         """Copy the chat to "<title> (before edit)" and cut it at ``entry``; returns the title."""
@@ -265,12 +277,13 @@ class Conversation:
         self._write(self.history.delete_messages_from, entry.message_id)
         return title
 
-    def _check_idle(self) -> None:
-        self._require_session()
+    def _check_idle(self) -> ChatSession:
+        session = self._require_session()
         if self.turn is not None:
             raise ChatActionError("A reply is still streaming: Esc stops it.")
         if self.replaying is not None:
             raise ChatActionError("A replay at K = 0 is running: Esc stops it.")
+        return session
 
     def _require_session(self) -> ChatSession:
         if self.session is None:
@@ -381,17 +394,18 @@ class Conversation:
         if self.replaying is not None:
             self.replaying.cancel.set()
 
-    def _save_user_message(self, text: str) -> int | None:
+    def _save_user_message(self, text: str, attachments: Sequence[Attachment]) -> int | None:
         if self.history is None:
             return None
         if self.chat_id is None:
-            title = printable_line(text)[:TITLE_LENGTH]
+            title = printable_line(text or " ".join(a.path for a in attachments))[:TITLE_LENGTH]
             self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
                                        self.config.target)
             if self.chat_id is None:
                 return None
             self._index_follows_chat()  # the text so far becomes this chat's
-        return self._write(self.history.add_message, self.chat_id, "user", text)
+        return self._write(self.history.add_message, self.chat_id, "user", text,
+                           attachments=attachments)
 
     def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
         turn.meta["k"] = turn.k_label()

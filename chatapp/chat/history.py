@@ -1,14 +1,6 @@
 """The chat history: SQLite in the user data dir, one row per chat, message and assistant turn.
 
-Layout (schema version in ``PRAGMA user_version``; ``MIGRATIONS[i]`` brings version i to i + 1):
-
-- ``chats``: id, title, draft and target model names, created_at, updated_at (Unix seconds).
-- ``messages``: chat_id, position in the chat, role, content, ``runs`` (assistant only: the reply
-  as a JSON list of ``[text, source]`` runs, consecutive tokens of one source merged, source being
-  a ``TokenSource`` value), finish_reason (``stop`` | ``length`` | ``cancelled`` | ``error``),
-  created_at.
-- ``turn_stats``: one row per assistant message: ``TurnStats.to_json()`` and a small ``meta``
-  object (draft length label, sampling settings, model names) as JSON.
+The layout and its migrations are in ``chatapp.chat.history_schema``.
 
 The data dir is created 0700 and the database file 0600 (SQLite gives its -wal and -shm files the
 database's mode). The store is used from one thread (the UI's); every write is one transaction.
@@ -22,10 +14,12 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from chatapp.chat.attachments import Attachment, message_text
+from chatapp.chat.history_schema import MIGRATIONS, SCHEMA_VERSION
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
@@ -39,35 +33,6 @@ from chatapp.user_files import (
 
 Runs = list[tuple[str, TokenSource]]
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE chats (
-            id INTEGER PRIMARY KEY,
-            title TEXT NOT NULL DEFAULT '',
-            draft TEXT NOT NULL DEFAULT '',
-            target TEXT NOT NULL DEFAULT '',
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        )""",
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            runs TEXT,
-            finish_reason TEXT,
-            created_at REAL NOT NULL
-        )""",
-        "CREATE INDEX messages_by_chat ON messages (chat_id, position)",
-        """CREATE TABLE turn_stats (
-            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
-            stats TEXT NOT NULL,
-            meta TEXT NOT NULL DEFAULT '{}'
-        )""",
-    ),
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 _WAL_TRIES = 50  # switching to WAL while another instance creates the file: 50 x 0.1 s
 _WAL_RETRY_S = 0.1
 
@@ -108,6 +73,26 @@ class StoredMessage:
     finish_reason: str | None = None
     stats: TurnStats | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    attachments: tuple[Attachment, ...] = ()  # the files sent with a user message
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A message that matches a search: its chat, and ``snippet``, the words around the match on
+    one line, each matching word between the two ``mark`` strings the search was given."""
+
+    chat_id: int
+    message_id: int
+    title: str
+    role: str
+    snippet: str
+    created_at: float
+
+
+def match_query(text: str) -> str:
+    """``text`` as an FTS5 query: every word must occur, as a word or the start of one (the
+    user's punctuation and FTS5's operators are not syntax here); "" when there is no word."""
+    return " ".join(f'"{word}"*' for word in re.findall(r"\w+", text))
 
 
 def encode_runs(runs: Sequence[tuple[str, TokenSource]]) -> str:
@@ -234,24 +219,39 @@ class HistoryStore:
     def add_message(self, chat_id: int, role: str, content: str, *,
                     runs: Sequence[tuple[str, TokenSource]] | None = None,
                     finish_reason: str | None = None, stats: TurnStats | None = None,
-                    meta: dict[str, Any] | None = None, now: float | None = None) -> int:
-        """Append a message (and its turn statistics, if any) to a chat; returns its id."""
+                    meta: dict[str, Any] | None = None, now: float | None = None,
+                    attachments: Sequence[Attachment] = ()) -> int:
+        """Append a message (its turn statistics and attachments, if any) to a chat; returns its
+        id."""
         now = time.time() if now is None else now
+        message = StoredMessage(0, chat_id, role, content, now, list(runs) if runs is not None
+                                else None, finish_reason, stats, meta or {}, tuple(attachments))
         with self._transaction() as db:
-            position = db.execute(
-                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
-                (chat_id,)).fetchone()[0]
-            cursor = db.execute(
-                "INSERT INTO messages (chat_id, position, role, content, runs, finish_reason, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, position, role, content,
-                 encode_runs(runs) if runs is not None else None, finish_reason, now))
-            message_id = int(cursor.lastrowid)
-            if stats is not None:
-                db.execute("INSERT INTO turn_stats (message_id, stats, meta) VALUES (?, ?, ?)",
-                           (message_id, json.dumps(stats.to_json()), json.dumps(meta or {})))
+            message_id = self._insert_message(db, chat_id, message)
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             return message_id
+
+    @staticmethod
+    def _insert_message(db: sqlite3.Connection, chat_id: int, message: StoredMessage) -> int:
+        """Append ``message`` (its id and chat id ignored) to chat ``chat_id``, in the caller's
+        transaction; returns its id."""
+        position = db.execute(
+            "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
+            (chat_id,)).fetchone()[0]
+        runs = encode_runs(message.runs) if message.runs is not None else None
+        files = json.dumps([attachment.to_json() for attachment in message.attachments],
+                           ensure_ascii=False) if message.attachments else None
+        cursor = db.execute(
+            "INSERT INTO messages (chat_id, position, role, content, runs, finish_reason, "
+            "created_at, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, position, message.role, message.content, runs, message.finish_reason,
+             message.created_at, files))
+        message_id = int(cursor.lastrowid)
+        if message.stats is not None:
+            db.execute("INSERT INTO turn_stats (message_id, stats, meta) VALUES (?, ?, ?)",
+                       (message_id, json.dumps(message.stats.to_json()),
+                        json.dumps(message.meta)))
+        return message_id
 
     def delete_message(self, message_id: int) -> None:
         with self._transaction() as db:
@@ -277,17 +277,29 @@ class HistoryStore:
         source = self.get_chat(chat_id)
         if source is None:
             raise HistoryError(f"There is no chat {chat_id} in {self.path}.")
-        copy = self.create_chat(title, source.draft, source.target)
-        for message in self.messages(chat_id):
-            self.add_message(copy, message.role, message.content, runs=message.runs,
-                             finish_reason=message.finish_reason, stats=message.stats,
-                             meta=message.meta, now=message.created_at)
-        return copy
+        return self.insert_chat(replace(source, title=title), self.messages(chat_id))
+
+    def insert_chat(self, chat: ChatSummary, messages: Sequence[StoredMessage],
+                    now: float | None = None) -> int:
+        """A new chat with ``chat``'s title, models and creation time (its id and counts are
+        ignored) holding ``messages`` (their ids ignored), all in one transaction: the chat is
+        saved whole or not at all. It was last used ``now``; returns its id."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO chats (title, draft, target, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)", (chat.title, chat.draft, chat.target, chat.created_at,
+                                           now))
+            new_id = int(cursor.lastrowid)
+            for message in messages:
+                self._insert_message(db, new_id, message)
+            return new_id
 
     def messages(self, chat_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
             "SELECT m.id, m.chat_id, m.role, m.content, m.created_at, m.runs, m.finish_reason, "
-            "s.stats, s.meta FROM messages m LEFT JOIN turn_stats s ON s.message_id = m.id "
+            "s.stats, s.meta, m.attachments FROM messages m "
+            "LEFT JOIN turn_stats s ON s.message_id = m.id "
             "WHERE m.chat_id = ? ORDER BY m.position", (chat_id,)).fetchall()
         return [
             StoredMessage(
@@ -295,9 +307,29 @@ class HistoryStore:
                 runs=decode_runs(row[5]), finish_reason=row[6],
                 stats=TurnStats.from_json(json.loads(row[7])) if row[7] else None,
                 meta=json.loads(row[8]) if row[8] else {},
+                attachments=tuple(Attachment.from_json(item) for item in json.loads(row[9]))
+                if row[9] else (),
             )
             for row in rows
         ]
+
+    def search(self, text: str, limit: int = 50,
+               mark: tuple[str, str] = ("", "")) -> list[SearchHit]:
+        """The messages of every chat that hold every word of ``text`` (see ``match_query``),
+        the best match first (FTS5's rank, then the newest), at most ``limit``; [] when ``text``
+        has no word."""
+        query = match_query(text)
+        if not query:
+            return []
+        rows = self._db.execute(
+            "SELECT m.chat_id, m.id, c.title, m.role, "
+            "snippet(messages_fts, 0, ?, ?, '…', 12), m.created_at "
+            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+            "JOIN chats c ON c.id = m.chat_id WHERE messages_fts MATCH ? "
+            "ORDER BY messages_fts.rank, m.created_at DESC LIMIT ?",
+            (mark[0], mark[1], query, limit)).fetchall()
+        return [SearchHit(chat_id, message_id, title, role, " ".join(snippet.split()), created)
+                for chat_id, message_id, title, role, snippet, created in rows]
 
     # -- export ---------------------------------------------------------------------------------
 
@@ -327,7 +359,7 @@ def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
         if message.finish_reason in ("cancelled", "error", "length"):
             heading += {"cancelled": " (stopped)", "error": " (failed)",
                         "length": " (cut at max tokens)"}[message.finish_reason]
-        lines += [f"## {heading}", "", message.content, ""]
+        lines += [f"## {heading}", "", message_text(message.content, message.attachments), ""]
         if message.stats is not None:
             lines += [f"> {turn_summary(message.stats, message.meta)}", ""]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from chatapp.backends.catalog import CATALOG, resolve_model
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
 from chatapp.backends.memory import check_fits
+from chatapp.chat.attachments import message_text
 from chatapp.chat.history import HistoryStore, StoredMessage
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.combined import NgramModelDrafter
@@ -107,7 +108,9 @@ def load_history_index(store: HistoryStore, target: Backend, config: Config) -> 
     system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
 
     def render(messages: list[StoredMessage]) -> list[int]:
-        return target.chat_prompt(system + [ChatMessage(m.role, m.content) for m in messages])
+        return target.chat_prompt(
+            system + [ChatMessage(m.role, message_text(m.content, m.attachments))
+                      for m in messages])
 
     return SuffixSource(HistoryCorpus.from_store(store, render))
 

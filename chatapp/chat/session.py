@@ -74,13 +74,29 @@ class ChatSession:
         except Exception:
             pass
 
+    @property
+    def reply_room(self) -> int:
+        """Tokens of the context window kept free for the reply when the prompt is planned."""
+        return min(self.settings.max_tokens, max(MIN_REPLY_ROOM, self.engine.target.n_ctx // 4))
+
+    @property
+    def prompt_room(self) -> int:
+        """The most tokens a prompt may have: the context window less the reply's room."""
+        return self.engine.target.n_ctx - self.reply_room
+
+    def message_tokens(self, text: str) -> int:
+        """The length of the prompt that holds the system prompt and the user message ``text``
+        alone (what must fit however many older turns are left out)."""
+        system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
+        return len(self.engine.target.chat_prompt(system + [ChatMessage("user", text)]))
+
     def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
         """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
 
         Raises ``ContextOverflowError`` when even the newest message alone does not fit.
         """
         target = self.engine.target
-        room = min(self.settings.max_tokens, max(MIN_REPLY_ROOM, target.n_ctx // 4))
+        room = self.reply_room
         system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
         history = [m for m in messages if m.role != "system"]
         for dropped in range(len(history)):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.history import StoredMessage
 from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.engine.stats import ReplayStats, TurnStats
@@ -32,11 +33,17 @@ class ChatEntry:
     stats: TurnStats | None = None
     finish_reason: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    attachments: tuple[Attachment, ...] = ()  # the files sent with a user message
 
     @classmethod
     def from_stored(cls, message: StoredMessage) -> "ChatEntry":
         return cls(message.role, message.content, message.id, message.runs, message.stats,
-                   message.finish_reason, dict(message.meta))
+                   message.finish_reason, dict(message.meta), message.attachments)
+
+    @property
+    def sent_text(self) -> str:
+        """The message as the models see it: its attachments, then its text."""
+        return message_text(self.content, self.attachments)
 
     @property
     def k_label(self) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatapp.chat.finish import finish_text
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
@@ -325,8 +326,7 @@ def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
     for message in messages:
         heading = {"user": "You", "assistant": "Assistant", "system": "System"}[message.role]
         if message.finish_reason in ("cancelled", "error", "length"):
-            heading += {"cancelled": " (stopped)", "error": " (failed)",
-                        "length": " (cut at max tokens)"}[message.finish_reason]
+            heading += f" ({finish_text(message.finish_reason)})"
         lines += [f"## {heading}", "", message.content, ""]
         if message.stats is not None:
             lines += [f"> {turn_summary(message.stats, message.meta)}", ""]

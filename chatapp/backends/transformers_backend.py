@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads them: never go online
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from chatapp.offline import stay_offline
+
+stay_offline()  # before transformers reads the environment: never go online
 
 import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,11 +46,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp import user_files  # noqa: E402
-from chatapp.backends.base import BackendError, ModelFacts
-from chatapp.backends.chat_template import (
-    ChatMessage,  # noqa: E402
-    render_chat,  # noqa: E402
-)
+from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
+from chatapp.backends.chat_template import ChatMessage, render_chat  # noqa: E402
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
 

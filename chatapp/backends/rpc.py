@@ -55,9 +55,9 @@ _DEVICE_TYPE_ACCEL = 3
 
 def require_rpc() -> None:
     """Raise ``BackendError`` with the install command unless llama.cpp was built with RPC."""
-    from chatapp.backends.llama_cpp import _lib
+    from chatapp.backends.llama_runtime import lib
 
-    if not _lib().llama_supports_rpc():
+    if not lib().llama_supports_rpc():
         raise BackendError("This llama-cpp-python was built without the RPC backend, so the "
                            f"target cannot run on other machines. Reinstall it with: "
                            f"{FULL_BUILD_COMMAND}")
@@ -138,9 +138,9 @@ class _Ggml:
     """
 
     def __init__(self) -> None:
-        from chatapp.backends.llama_cpp import _lib
+        from chatapp.backends.llama_runtime import lib
 
-        lib_dir = Path(_lib().__file__).parent / "lib"
+        lib_dir = Path(lib().__file__).parent / "lib"
         ggml = ctypes.CDLL(str(lib_dir / f"libggml.so.{_GGML_SOVERSION}"))
         base = ctypes.CDLL(str(lib_dir / f"libggml-base.so.{_GGML_SOVERSION}"))
         vp, cp, size = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t

@@ -301,7 +301,7 @@ def machine_facts(config: Config) -> dict[str, Any]:
 
     amx = None
     if "llama" in (config.backend, config.draft_backend_name):
-        from chatapp.backends.llama_cpp import amx_in_use
+        from chatapp.backends.llama_runtime import amx_in_use
 
         amx = amx_in_use()
     return {"cpu": cpu_description(), "amx_in_use": amx, "layout": config.layout}

@@ -16,7 +16,7 @@ from chatapp.policy.fixed import FixedDraftLength
 from chatapp.policy.verify_cost import VerifyCostModel
 from chatapp.settings.config import Config
 
-# verify(n) on the 2-core CPU of MODELS.md, in seconds: 46 ms for 1, 121 for 4, 144 for 6
+# verify(n) as measured on a 2-core CPU, in seconds: 46 ms for 1, 121 for 4, 144 for 6
 CPU_VERIFY = {1: .046, 2: .075, 3: .100, 4: .121, 5: .133, 6: .144, 7: .155, 8: .165, 9: .175}
 
 

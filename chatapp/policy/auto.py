@@ -30,8 +30,9 @@ FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long a
 # look-ahead (8 was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
 
 # Constants of the policy; nothing sets them at run time. The values are those the policy was
-# written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
-# CPU costs, a flat GPU-like profile) and the bench on the default pair.
+# written and checked with: the simulated machines of tests/test_draft_policy.py and
+# tests/test_auto_simulation.py (a 2-core CPU's measured verification costs, a flat GPU-like
+# profile) and the bench on the default pair (docs/benchmarks.md).
 PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
@@ -70,7 +71,7 @@ class AutoDraftLength:
       the cheap side, so that it is tried once and then known (``VerifyCostModel``); for a free
       source, while verifying never-timed n has lost at most ``EXPLORE_BUDGET`` of the time, an
       n between measured ones is guessed as cheap as the measured one below it, so that a batch
-      size cheaper than its neighbours (16 tokens on the README's CPU) is found;
+      size cheaper than its neighbours (16 tokens on the CPU of docs/benchmarks.md) is found;
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
     It drafts the K in 0..max_k (0..free_max_k for a source that scores itself for free: its
@@ -101,7 +102,7 @@ class AutoDraftLength:
     that were emitted) sends ``ShadowScore``s with its proposals; such a source learns its
     acceptance from those only, needs no exploring, counts as free to draft until timed, and the
     budget keeps ``consult`` set while it sits at K = 0 (asking it costs nothing), so it drafts
-    again as soon as its proposals start to match. Names in the description below are the module
+    again as soon as its proposals start to match. Names in the description above are the module
     constants (``prior_acceptance`` is ``PRIOR_ACCEPTANCE``, ...).
     """
 

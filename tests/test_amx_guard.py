@@ -18,7 +18,8 @@ from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"})
 EPYC = frozenset({"avx512f", "avx512_vnni", "avx2"})
-AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
+AMX_BUILD = ("CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 | "
+             "REPACK = 1 | ")
 NO_AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | OPENMP = 1 | REPACK = 1 | "
 
 
@@ -88,7 +89,8 @@ seen = []
 thread = threading.Thread(target=lambda: seen.append(amx_guard.request_amx_permission()))
 thread.start(); thread.join()
 child = subprocess.run([sys.executable, "-c", "from chatapp.backends import amx_guard; "
-                        "print(amx_guard.request_amx_permission())"], capture_output=True, text=True)
+                        "print(amx_guard.request_amx_permission())"],
+                       capture_output=True, text=True)
 print(before, amx_guard.request_amx_permission(), seen[0], child.stdout.strip())
 """)
     assert result.returncode == 0, result.stderr

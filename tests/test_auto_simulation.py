@@ -130,7 +130,8 @@ class Decoder:
 
     def __init__(self, policy: DraftPolicy, machine: Machine, text: Text, seed: int) -> None:
         self.policy, self.machine, self.text = policy, machine, text
-        rng = np.random.default_rng(seed)  # timing noise, drawn up front: two timings a step at most
+        # timing noise, drawn up front: two timings a step at most
+        rng = np.random.default_rng(seed)
         busy = np.where(rng.random(2 * TOKENS) < BUSY[0], BUSY[1], 1.0)
         self.factors = (busy * (1 + NOISE * np.abs(rng.standard_normal(2 * TOKENS)))).tolist()
         self.timings = 0

@@ -38,8 +38,8 @@ from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.threads import available_cores
 
-# The one command that installs llama-cpp-python with the RPC backend (and AMX code paths off).
-PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
+# RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
+PROTOCOL = (7, 0)
 PROBE_TIMEOUT_S = 3.0
 SECURITY_NOTE = ("The RPC protocol has no authentication and no encryption: whoever reaches this "
                  "port can run computations on this machine and see the prompts' activations. "
@@ -86,9 +86,11 @@ def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, in
             body = b""  # a server of another protocol generation drops the connection
     version = (body[0], body[1], body[2]) if body else None
     if version is None or version[0] != PROTOCOL[0] or version[1] > PROTOCOL[1]:
-        theirs = "an older protocol" if version is None else "protocol " + ".".join(map(str, version))
+        theirs = ("an older protocol" if version is None
+                  else "protocol " + ".".join(map(str, version)))
         raise BackendError(
-            f"The RPC server {endpoint} speaks {theirs}, this specchat {PROTOCOL[0]}.{PROTOCOL[1]}: "
+            f"The RPC server {endpoint} speaks {theirs}, this specchat "
+            f"{PROTOCOL[0]}.{PROTOCOL[1]}: "
             "install the same llama-cpp-python on both machines and start the server with "
             "`specchat rpc-server`.")
     return version

@@ -76,7 +76,8 @@ LLAMA_ROWS = (NONE, *(mode.name for mode in SPEC_MODES))  # llama.cpp's rows, in
 DEFAULT_COMPARE_SPECS = ("target", "model:3", "model:auto", "ngram:auto", "ngram+model:auto")
 
 _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds")
-_DECODED = re.compile(r"decoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds,\s+speed:\s+([\d.]+)\s+t/s")
+_DECODED = re.compile(r"decoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds,"
+                      r"\s+speed:\s+([\d.]+)\s+t/s")
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class LlamaCpp:
         return parse_speculative_output(mode.name, "\n".join(_run_tool(command)))
 
 
-# -- the command ------------------------------------------------------------------------------------
+# -- the command ------------------------------------------------------------------------------
 
 def compare_command(config: Config, directory: Path, prompts: Sequence[BenchPrompt],
                     specs: Sequence[RunSpec] | None, max_tokens: int, *, warmup: bool = True,

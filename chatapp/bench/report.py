@@ -245,7 +245,8 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
     print("", file=out)
     print("Speed: tokens / (turn time - prompt time); time split as shares of the whole turn; "
           "engine: the engine's own work (everything outside the models' evaluate/truncate "
-          "calls) as a share of the generation time; same as target: tokens equal to the target-only output before the first difference "
+          "calls) as a share of the generation time; same as target: tokens equal to the "
+          "target-only output before the first difference "
           "(mean over prompts; n/m all: outputs identical to it).", file=out)
     print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
 

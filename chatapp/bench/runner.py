@@ -289,8 +289,8 @@ class Bench:
             f"{meta['backend']} (draft on {meta['draft_backend']})")
         where = f" {rpc_label(self.config.rpc)}" if self.config.rpc else ""
         amx = {True: "AMX in use", False: "AMX not in use", None: ""}[meta["amx_in_use"]]
-        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, backend "
-                f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
+        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, "
+                f"backend {backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}. CPU: {meta['cpu']}"
                 f"{'; ' + amx if amx else ''}; layout setting {meta['layout']}.")
 

@@ -58,8 +58,8 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
     if backend == "hf":
         from chatapp.backends.transformers_backend import TransformersBackend
 
-        return TransformersBackend(path, device=config.device, dtype=config.dtype, n_ctx=config.n_ctx,
-                                   threads=config.threads)
+        return TransformersBackend(path, device=config.device, dtype=config.dtype,
+                                   n_ctx=config.n_ctx, threads=config.threads)
     from chatapp.backends.llama_cpp import LlamaCppBackend
 
     return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,

@@ -23,7 +23,8 @@ from chatapp.engine.contracts import (
 from chatapp.policy.source_arm import SourceArm
 from chatapp.policy.verify_cost import VerifyCostModel
 
-LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
+# The layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
+LEARNT_VERSION = 3
 FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow
 # look-ahead (8 was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
 
@@ -143,7 +144,8 @@ class AutoDraftLength:
                     self._decide(arm)
             if self._step - self._last_plain >= self.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
-                return DraftBudget.uniform(0)  # re-time plain decoding, the baseline of every choice
+                # re-time plain decoding, the baseline of every choice
+                return DraftBudget.uniform(0)
             by_source = {kind: self._wanted_k(arm) for kind, arm in arms.items()}
             consult = any(self._consulting(arm) for arm in arms.values())
             return DraftBudget(by_source, self.explore_k, consult)  # a new source is explored

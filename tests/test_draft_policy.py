@@ -13,6 +13,7 @@ from chatapp.chat.loader import make_policy
 from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
+from chatapp.policy.source_arm import SourceArm
 from chatapp.settings.config import Config
 
 # verify(n) as measured on a 2-core CPU, in seconds: 46 ms for 1, 121 for 4, 144 for 6
@@ -182,23 +183,37 @@ def test_max_k_zero_is_plain_decoding() -> None:
         report(policy, 0, 0, 0.0, 0.05)
 
 
-def test_current_k_is_safe_to_read_from_another_thread() -> None:
+@pytest.mark.parametrize("read", [
+    lambda policy: policy.current_k(),  # the app's status bar, from the UI thread
+    lambda policy: policy.learnt(),  # the policy memory, saved when a chat closes
+    lambda policy: policy.acceptance(),
+], ids=["current_k", "learnt", "acceptance"])
+def test_another_thread_reads_only_after_an_observation_is_complete(monkeypatch, read) -> None:
+    """An observation stopped half-way (inside a source's update, the policy's lock held): a read
+    from another thread waits for it to end, and then sees its result."""
     policy = AutoDraftLength()
-    stop = threading.Event()
-    ks: list[int] = []
+    inside, release = threading.Event(), threading.Event()
+    update = SourceArm.observe_draft
 
-    def read() -> None:
-        while not stop.is_set():
-            ks.append(policy.current_k())
+    def held_update(arm: SourceArm, *args, **kwargs) -> None:
+        inside.set()
+        assert release.wait(10)
+        update(arm, *args, **kwargs)
 
-    reader = threading.Thread(target=read)
+    monkeypatch.setattr(SourceArm, "observe_draft", held_update)
+    observer = threading.Thread(target=report, args=(policy, 3, 1, 0.01, CPU_VERIFY[4]))
+    observer.start()
+    assert inside.wait(10)
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(read(policy)))
     reader.start()
-    try:
-        simulate(policy, 300, cheap, 0.002, lambda _: 0.8, np.random.default_rng(7))
-    finally:
-        stop.set()
-        reader.join()
-    assert ks and all(0 <= k <= policy.max_k for k in ks)
+    reader.join(0.3)
+    waited = reader.is_alive()
+    release.set()
+    observer.join(10)
+    reader.join(10)
+    assert waited and not observer.is_alive() and not reader.is_alive()
+    assert seen == [read(policy)]  # what the observation made, not what was there before it
 
 
 def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:

@@ -3,7 +3,9 @@ space checked first, progress, the sha256 recorded, an interrupted preparation n
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,22 +113,33 @@ def test_a_preparation_that_fails_leaves_nothing_to_use(tmp_path: Path, monkeypa
 
 def test_an_interrupted_preparation_is_cleaned_up(tmp_path: Path, monkeypatch) -> None:
     """Ctrl+C while the quantiser runs: the child is killed, no partial file stays, and the
-    next start prepares the layout from scratch."""
-    import _thread
-    import threading
+    next start prepares the layout from scratch. The child is a stand-in that writes the
+    partial file and then waits, so the interrupt always lands while it runs."""
+    import signal
+    import subprocess
 
     source = smollm(tmp_path)
-    started = threading.Event()
+    children: list[subprocess.Popen] = []
+    interrupted: list[bool] = []
+    real_popen = subprocess.Popen
+
+    def slow_quantizer(command, **kwargs):
+        out = command[4]
+        stand_in = [sys.executable, "-c",
+                    f"import time; open({out!r}, 'wb').write(b'x' * 4096); time.sleep(60)"]
+        children.append(real_popen(stand_in, **kwargs))
+        return children[-1]
 
     def progress(done: int, total: int) -> None:
-        if not started.is_set():
-            started.set()
-            threading.Timer(0.05, _thread.interrupt_main).start()
+        if not interrupted:
+            interrupted.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
 
+    monkeypatch.setattr(layouts.subprocess, "Popen", slow_quantizer)
     monkeypatch.setattr(layouts, "_POLL_S", 0.02)
     with pytest.raises(KeyboardInterrupt):
         prepare_layout(source, DRAFT, progress, 1)
-    assert started.is_set()
+    assert children and children[0].returncode is not None  # killed, not left running
     assert not prepared_path(source, DRAFT).exists()
     assert prepared_sha256(source, DRAFT) is None
     assert not list(source.parent.glob(".*partial"))

@@ -39,7 +39,8 @@ _port = arg_type(int, Rule("1..65535", lambda port: 1 <= port <= 65535), "port")
 
 
 def _option(name: str) -> dict[str, Any]:
-    """argparse's ``type`` (or ``choices``) for the setting ``name``, from ``chatapp.settings.options``."""
+    """argparse's ``type`` (or ``choices``) for the setting ``name``, from
+    ``chatapp.settings.options``."""
     option = OPTIONS[name]
     return {"choices": option.choices} if option.choices else {"type": option.arg_type()}
 
@@ -137,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
                        "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto (a drafter name "
-                       "ending in -noedit: without speculative edits), each optionally with @N (N CPU "
-                       "threads) or @auto (default: target, K=1..8, auto, ngram auto, "
+                       "ending in -noedit: without speculative edits), each optionally with @N "
+                       "(N CPU threads) or @auto (default: target, K=1..8, auto, ngram auto, "
                        "ngram+model auto)")
     bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
                        "e.g. 1,2,4")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.errors import UserFacingError
+from chatapp.offline import stay_offline
 from chatapp.settings.config import Config, load_config
 from chatapp.settings.options import (
     DEFAULT_RPC_PORT,
@@ -256,13 +256,6 @@ def bench(config: Config, args: argparse.Namespace) -> int:
                          warmup=args.warmup, fresh_policy=args.fresh_policy,
                          repeats=args.repeats, busy=args.busy,
                          baseline=args.baseline.split() if args.baseline else None)
-
-
-def stay_offline() -> None:
-    """specchat never downloads: keep the Hugging Face libraries off the network."""
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ.setdefault(name, "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -140,16 +140,21 @@ def test_cancel_stops_before_the_next_step() -> None:
 
 def test_kv_caches_stay_in_step_and_are_reused_next_turn() -> None:
     engine = _engine()
-    events = _run(engine, 3, max_tokens=30)
-    reply = _ids(events)
-    history = PROMPT + reply
     target, draft = engine.target, engine.drafter.backend
-    # After the turn both caches hold a prefix of the history, never a rejected draft: the
-    # target all of it but at most the last token (emitted, not fed yet); the draft model all
-    # but at most three (a step that accepted every draft leaves its last draft and the bonus
-    # token unfed, and a last plain step, with no room for a draft, adds one more).
-    _assert_holds_prefix(target, history, len(history) - 1)
-    _assert_holds_prefix(draft, history, len(history) - 3)
+    history, rejecting_steps = list(PROMPT), 0
+    settings = GenerationSettings(SamplingParams(0.0), 30)
+    for event in engine.generate(PROMPT, settings, np.random.default_rng(0), FixedDraftLength(3)):
+        if isinstance(event, TokenEvent):
+            history.append(event.id)
+        elif isinstance(event, StepEvent):
+            rejecting_steps += event.accepted < event.drafted
+            # After every step both caches hold a prefix of the history, never a rejected
+            # draft: the target all of it but at most the last token (emitted, not fed yet); the
+            # draft model all but at most three (a step that accepted every draft leaves its
+            # last draft and the bonus token unfed, and a plain step adds one more).
+            _assert_holds_prefix(target, history, len(history) - 1)
+            _assert_holds_prefix(draft, history, len(history) - 3)
+    assert rejecting_steps > 0  # there were drafts to roll back
     # A follow-up prompt that extends the history only feeds the new tokens.
     follow_up = history + FakeBackend().tokenize("user: more")
     target.evaluate_calls.clear()

@@ -92,13 +92,14 @@ def held_bytes(obj: object, seen: set[int] | None = None) -> int:
 def test_capacity_evicts_least_recent_chats_and_bounds_memory() -> None:
     capacity = 4096
     corpus = HistoryCorpus(capacity)
-    for i, text in enumerate(_texts(5, 12, 1000)):
-        corpus.add_chat_text(i, text)
+    for i in range(12):  # every n-gram distinct, the worst case
+        corpus.add_chat_text(i, list(range(1000 * i, 1000 * (i + 1))))
         assert len(corpus) <= capacity
     assert corpus.chats() == [8, 9, 10, 11]  # the latest four fit
-    # The bound stated in the module (every n-gram distinct), on what the index holds: its
-    # documents and counts, not the process's allocations (other tests' threads may run).
-    assert held_bytes(corpus) < 1600 * capacity
+    # The bound stated in the module, on what the index holds (its documents and counts, after
+    # evictions), not on the process's allocations: other tests' threads may allocate meanwhile,
+    # and objects reused from the interpreter's free lists escaped that count.
+    assert held_bytes(corpus) < 2200 * capacity
     long = HistoryCorpus(capacity)
     long.add_chat_text("live", list(range(100)) * 50)  # one chat over the capacity
     assert len(long) == capacity

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 
 from chatapp.chats_command import add_chats_parser, chats_command
 from chatapp.errors import UserFacingError
+from chatapp.offline import stay_offline
 from chatapp.settings.config import Config, load_config
 from chatapp.settings.options import (
     DEFAULT_RPC_PORT,
@@ -40,7 +40,8 @@ _port = arg_type(int, Rule("1..65535", lambda port: 1 <= port <= 65535), "port")
 
 
 def _option(name: str) -> dict[str, Any]:
-    """argparse's ``type`` (or ``choices``) for the setting ``name``, from ``chatapp.settings.options``."""
+    """argparse's ``type`` (or ``choices``) for the setting ``name``, from
+    ``chatapp.settings.options``."""
     option = OPTIONS[name]
     return {"choices": option.choices} if option.choices else {"type": option.arg_type()}
 
@@ -140,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
                        "model:K, model:auto, ngram:K, ngram:auto, ngram+model:auto (a drafter name "
-                       "ending in -noedit: without speculative edits), each optionally with @N (N CPU "
-                       "threads) or @auto (default: target, K=1..8, auto, ngram auto, "
+                       "ending in -noedit: without speculative edits), each optionally with @N "
+                       "(N CPU threads) or @auto (default: target, K=1..8, auto, ngram auto, "
                        "ngram+model auto)")
     bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
                        "e.g. 1,2,4")
@@ -259,13 +260,6 @@ def bench(config: Config, args: argparse.Namespace) -> int:
                          warmup=args.warmup, fresh_policy=args.fresh_policy,
                          repeats=args.repeats, busy=args.busy,
                          baseline=args.baseline.split() if args.baseline else None)
-
-
-def stay_offline() -> None:
-    """specchat never downloads: keep the Hugging Face libraries off the network."""
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        os.environ.setdefault(name, "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

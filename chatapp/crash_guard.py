@@ -4,9 +4,10 @@
 ``faulthandler`` writing every thread's Python stack to ``crash_log_path()`` should it die from a
 signal; the parent only waits. If the child dies from SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT
 (or SIGKILL, the out-of-memory killer's signal), the parent puts the terminal back the way it
-was before the app started (the app could not) and prints one line: what happened, that the finished messages are saved (the history writes each
-one as it ends), and where the details are. Termination signals sent to the parent (SIGTERM,
-SIGHUP, SIGQUIT) are passed on to the child; the terminal's own signals reach both already.
+was before the app started (the app could not) and prints one line: what happened, that the
+finished messages are saved (the history writes each one as it ends), and where the details
+are. Termination signals sent to the parent (SIGTERM, SIGHUP, SIGQUIT) are passed on to the child;
+the terminal's own signals reach both already.
 
 Where ``os.fork`` does not exist, or ``SPECCHAT_NO_SUPERVISOR=1`` is set, ``run`` runs in this
 process with ``faulthandler`` writing to the same log.

@@ -16,16 +16,21 @@ fsync, ``os.replace``, fsync of the folder), so a reader sees the old file or th
 never half of one; ``open_private`` streams a file from empty (the caller renames it into place);
 ``open_private_log`` appends; ``create_private_file`` makes an empty file for a program (SQLite)
 that opens it itself.
+
+Remembered state (what specchat keeps from one start to the next only to save time): JSON read
+with ``read_json_object`` (empty when missing or damaged) and written with ``remember_json``
+(best effort: a failed write is skipped).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from platformdirs import (
     user_cache_dir,
@@ -123,6 +128,26 @@ def write_private(path: Path, data: bytes) -> None:
             pass
         raise
     _fsync_folder(path.parent)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; empty when the file is missing or unreadable, is not JSON or
+    holds another kind of value."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remember_json(path: Path, data: Any, indent: int | None = None) -> None:
+    """Write ``data`` as JSON to ``path`` (``write_private``, in a ``private_dir``); an
+    ``OSError`` is skipped: only what the file would have saved is lost."""
+    try:
+        private_dir(path.parent)
+        write_private(path, json.dumps(data, indent=indent).encode("utf-8"))
+    except OSError:
+        pass
 
 
 def open_private(path: Path) -> BinaryIO:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # -- The chat app (tests/test_tui*.py): fake backends, a recording session, a fake clock ---------
 import dataclasses
+import signal
 import threading
 import time
 import types
@@ -101,6 +102,17 @@ def private_state_dir(tmp_path_factory: pytest.TempPathFactory,
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     return state
+
+
+@pytest.fixture(autouse=True)
+def own_interrupt_handler() -> Iterator[None]:
+    """Ctrl+C's handler as it was before the test: ``specchat run`` run in-process
+    (``cli.main``) leaves its handler installed, which swallowed the SIGINT of a later test in
+    the same process (tests/test_layouts.py's interrupted preparation)."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if handler is not None:  # None: a handler not set from Python, left alone
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture

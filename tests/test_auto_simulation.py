@@ -35,8 +35,8 @@ NGRAM_KS = (*range(9), 12, 16)  # the free source's K in hindsight (up to FREE_M
 
 # The issue-12 machine: ms to evaluate n tokens on the 1.5B target (llama-bench ppN), measured at
 # n = 1, 2, 3, 4, 5, 6, 8; 7 interpolated, 9 and beyond extrapolated at 27 ms a token, except the
-# cheap batch of 16 seen on the README's CPU (5.8 times one token). The 0.5B draft decodes at 35
-# ms a token.
+# cheap batch of 16 seen on the CPU of docs/benchmarks.md (5.8 times one token). The 0.5B draft
+# decodes at 35 ms a token.
 SAWTOOTH_MS = {1: 65, 2: 89, 3: 101, 4: 86, 5: 112, 6: 128, 7: 155, 8: 183,
                **{n: 183 + 27 * (n - 8) for n in range(9, FREE_MAX_K + 2)}, 16: 5.8 * 65}
 
@@ -51,7 +51,7 @@ class Machine:
 
 MACHINES = [
     # a CPU where each fed token costs about the same; the draft model 0.53 of a target step and
-    # a quarter of that per token it catches up on (AutoDraftLength's catch-up prior, MODELS.md)
+    # a quarter of that per token it catches up on (AutoDraftLength's catchup_prior)
     Machine("cpu-linear", lambda n: 0.030 + 0.016 * n, 0.53 * 0.046, 0.25),
     # a GPU: 9 tokens cost about what 1 does; the draft model a tenth of a target step, and
     # catching up is a batch that costs about what one step does per 50 tokens
@@ -130,7 +130,8 @@ class Decoder:
 
     def __init__(self, policy: DraftPolicy, machine: Machine, text: Text, seed: int) -> None:
         self.policy, self.machine, self.text = policy, machine, text
-        rng = np.random.default_rng(seed)  # timing noise, drawn up front: two timings a step at most
+        # timing noise, drawn up front: two timings a step at most
+        rng = np.random.default_rng(seed)
         busy = np.where(rng.random(2 * TOKENS) < BUSY[0], BUSY[1], 1.0)
         self.factors = (busy * (1 + NOISE * np.abs(rng.standard_normal(2 * TOKENS)))).tolist()
         self.timings = 0
@@ -248,8 +249,9 @@ def test_finds_the_cheap_four_token_batch_of_the_sawtooth() -> None:
     assert policy.current_k(NGRAM) == 3
 
 
-# ms to verify n tokens on the README's 2-core EPYC, measured through llama-cpp-python (logits
-# for every position, as the engine asks): 16 tokens cost less than 15 or 17.
+# ms to verify n tokens on the 2-core EPYC of docs/benchmarks.md, measured through
+# llama-cpp-python (logits for every position, as the engine asks): 16 tokens cost less than 15
+# or 17.
 EPYC_MS = [31.7, 53.5, 72.3, 89.3, 110.3, 131.7, 150.7, 208.1, 237.0, 238.0, 249.9, 255.5, 269.1,
            285.4, 297.3, 238.2, 285.6]
 

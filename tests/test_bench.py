@@ -117,7 +117,7 @@ def test_geometric_mean() -> None:
 def test_hf_backend_adds_transformers_assisted_generation_as_reference(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from chatapp.backends.transformers_backend import TransformersBackend
-    from tests.test_transformers_backend import CHATML, make_model, make_tokenizer, perturbed
+    from tests.tiny_hf import CHATML, make_model, make_tokenizer, perturbed
 
     target_model = make_model(0)
     tokenizer = make_tokenizer(CHATML)

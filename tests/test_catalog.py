@@ -1,4 +1,5 @@
-"""Model assembly: parts joined once, sha256 checked, clear messages for what is missing or damaged."""
+"""Model assembly: parts joined once, sha256 checked, clear messages for what is missing or
+damaged."""
 
 from __future__ import annotations
 

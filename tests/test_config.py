@@ -51,7 +51,8 @@ def test_wrong_type_names_the_key(tmp_path: Path) -> None:
         load_config(_write(tmp_path, 'seed = 1\ntop_k = "ten"\n'))
 
 
-@pytest.mark.parametrize("text, key", [("top_p = 1.5", "top_p"), ("temperature = -1", "temperature"),
+@pytest.mark.parametrize("text, key", [("top_p = 1.5", "top_p"),
+                                       ("temperature = -1", "temperature"),
                                        ('draft_length = 99', "draft_length"),
                                        ('backend = "gpu"', "backend"),
                                        ('draft_backend = "onnx"', "draft_backend")])

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from chatapp.backends.fake import FakeBackend
-from chatapp.drafters.edits import CONFIDENT_RUN, LONG_RUN, EditDrafter, EditTracker
+from chatapp.drafters.edit_drafter import EditDrafter
+from chatapp.drafters.edits import CONFIDENT_RUN, LONG_RUN, EditTracker
 from chatapp.drafters.lookup import NgramDrafter, NgramIndex
 from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.loop import SpeculativeEngine

@@ -43,6 +43,13 @@ def _ids(events: list) -> list[int]:
     return [e.id for e in events if isinstance(e, TokenEvent)]
 
 
+def _assert_holds_prefix(backend: FakeBackend, history: list[int], at_least: int) -> None:
+    """``backend``'s cache is the first ``at_least`` or more tokens of ``history``."""
+    cached = list(backend.cached_tokens)
+    assert cached == history[:len(cached)], f"{backend.name} holds tokens not in the history"
+    assert len(cached) >= at_least, f"{backend.name} holds {len(cached)} of {len(history)}"
+
+
 @pytest.mark.parametrize("k", [1, 2, 4, 7])
 def test_greedy_speculative_output_equals_target_only(k: int) -> None:
     plain = _ids(_run(_engine(), 0))
@@ -133,13 +140,21 @@ def test_cancel_stops_before_the_next_step() -> None:
 
 def test_kv_caches_stay_in_step_and_are_reused_next_turn() -> None:
     engine = _engine()
-    events = _run(engine, 3, max_tokens=30)
-    reply = _ids(events)
-    history = PROMPT + reply
     target, draft = engine.target, engine.drafter.backend
-    # The caches may hold rejected drafts beyond the history, never anything that differs from it.
-    assert list(target.cached_tokens[: len(history) - 1]) == history[: len(history) - 1]
-    assert list(draft.cached_tokens)[: len(draft.cached_tokens)] == history[: len(draft.cached_tokens)]
+    history, rejecting_steps = list(PROMPT), 0
+    settings = GenerationSettings(SamplingParams(0.0), 30)
+    for event in engine.generate(PROMPT, settings, np.random.default_rng(0), FixedDraftLength(3)):
+        if isinstance(event, TokenEvent):
+            history.append(event.id)
+        elif isinstance(event, StepEvent):
+            rejecting_steps += event.accepted < event.drafted
+            # After every step both caches hold a prefix of the history, never a rejected
+            # draft: the target all of it but at most the last token (emitted, not fed yet); the
+            # draft model all but at most three (a step that accepted every draft leaves its
+            # last draft and the bonus token unfed, and a plain step adds one more).
+            _assert_holds_prefix(target, history, len(history) - 1)
+            _assert_holds_prefix(draft, history, len(history) - 3)
+    assert rejecting_steps > 0  # there were drafts to roll back
     # A follow-up prompt that extends the history only feeds the new tokens.
     follow_up = history + FakeBackend().tokenize("user: more")
     target.evaluate_calls.clear()

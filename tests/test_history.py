@@ -134,3 +134,13 @@ def test_export_to_markdown(store, tmp_path):
     assert store.export_markdown(chat, tmp_path / "out").stat().st_mode & 0o777 == 0o600
     with pytest.raises(HistoryError):
         store.export_markdown(chat + 100, tmp_path)
+
+
+def test_the_markdown_heading_says_how_each_reply_ended(store, tmp_path):
+    chat = store.create_chat("c")
+    for reason in ("stop", "length", "cancelled", "error", None):
+        store.add_message(chat, "assistant", f"ended by {reason}", finish_reason=reason)
+    text = store.export_markdown(chat, tmp_path).read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Assistant", "## Assistant (cut at max tokens)",
+                        "## Assistant (stopped)", "## Assistant (failed)", "## Assistant"]

@@ -85,7 +85,8 @@ def test_bench_runs_on_its_packaged_prompts(user_env, tmp_path: Path) -> None:
 def test_a_batch_evaluation_survives_in_a_child_process(tmp_path: Path) -> None:
     """The first batched evaluation is where llama.cpp's AMX kernels crash (issue 20824)."""
     code = f"""
-from chatapp.backends.llama_cpp import LlamaCppBackend, runtime_notes
+from chatapp.backends.llama_cpp import LlamaCppBackend
+from chatapp.backends.llama_runtime import runtime_notes
 from chatapp.backends.catalog import resolve_model
 backend = LlamaCppBackend(resolve_model({DEFAULT_DRAFT!r}), n_ctx=512)
 tokens = backend.tokenize("def add(a, b):\\n    return a + b\\n" * 4)

@@ -7,6 +7,7 @@ default Qwen pair when the joined files are given by SPECCHAT_TEST_DRAFT / SPECC
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import subprocess
 import sys
@@ -115,10 +116,18 @@ def test_token_bytes_renders_special_tokens(open_backend) -> None:
     assert backend.token_bytes(-1) == backend.token_bytes(backend.vocab_size) == b""
 
 
-def test_vocab_fingerprint_is_stable(open_backend) -> None:
+def test_vocab_fingerprint_is_the_sha256_of_every_token_and_tells_vocabularies_apart(
+        open_backend, monkeypatch) -> None:
     a, b = open_backend(), open_backend()
-    assert a.vocab_fingerprint() == b.vocab_fingerprint() == a.vocab_fingerprint()
-    assert len(a.vocab_fingerprint()) == 64
+    digest = hashlib.sha256()
+    for token in range(a.vocab_size):
+        digest.update(a.token_bytes(token) + b"\0")
+    assert a.vocab_fingerprint() == b.vocab_fingerprint() == digest.hexdigest()
+    # One token spelt otherwise is another vocabulary (a draft that must not pair with it).
+    spelling = b.token_bytes
+    monkeypatch.setattr(b, "_fingerprint", None)
+    monkeypatch.setattr(b, "token_bytes", lambda t: b"<other>" if t == 100 else spelling(t))
+    assert b.vocab_fingerprint() != a.vocab_fingerprint()
 
 
 def test_chat_prompt_is_chatml_from_the_gguf_template(open_backend) -> None:

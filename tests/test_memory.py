@@ -38,6 +38,26 @@ def test_dequantising_a_gguf_costs_more_than_llama_cpp(tmp_path: Path) -> None:
     assert estimate_bytes(path, "hf", "float32") > 2 * estimate_bytes(path, "hf", "bfloat16") - 1
 
 
+MEMINFO = """\
+MemTotal:       16303748 kB
+MemFree:          812344 kB
+MemAvailable:    9876543 kB
+Buffers:          123456 kB
+"""
+
+
+def test_available_memory_is_memavailable_in_bytes(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    assert available_memory(meminfo) == 9876543 * 1024  # not MemFree, not MemTotal
+    meminfo.write_text(MEMINFO.replace("MemAvailable:    9876543 kB\n", ""))
+    assert available_memory(meminfo) is None  # a kernel that does not report it
+    assert available_memory(tmp_path / "missing") is None  # not Linux
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").is_file(), reason="Linux only")
 def test_available_memory_is_read_on_linux() -> None:
+    total = next(int(line.split()[1]) * 1024 for line in
+                 Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
     available = available_memory()
-    assert available is None or available > 0
+    assert available is not None and 0 < available <= total

@@ -1,5 +1,5 @@
-"""chatapp.settings.options is the one source of the settings' rules: the config, the CLI and the Settings
-screen refuse the same values with the same text."""
+"""chatapp.settings.options is the one source of the settings' rules: the config, the CLI and the
+Settings screen refuse the same values with the same text."""
 
 from __future__ import annotations
 

@@ -124,9 +124,9 @@ def smollm_path() -> Path:
 def test_a_build_without_rpc_says_how_to_install_it(monkeypatch) -> None:
     pytest.importorskip("llama_cpp")
     from chatapp.backends import rpc
-    from chatapp.backends.llama_cpp import _lib
+    from chatapp.backends.llama_runtime import lib
 
-    monkeypatch.setattr(_lib(), "llama_supports_rpc", lambda: False)
+    monkeypatch.setattr(lib(), "llama_supports_rpc", lambda: False)
     with pytest.raises(BackendError, match="without the RPC backend") as error:
         rpc.require_rpc()
     assert FULL_BUILD_COMMAND in str(error.value)

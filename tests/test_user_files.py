@@ -83,3 +83,24 @@ def test_create_private_file_keeps_the_content(tmp_path: Path, open_umask: None)
     path.chmod(0o644)
     user_files.create_private_file(path)
     assert path.read_bytes() == b"data" and _mode(path) == 0o600
+
+
+@pytest.mark.parametrize("text", [None, "{not json", "[1, 2]", "\xff\xfe"])
+def test_remembered_json_that_is_missing_or_damaged_reads_as_empty(tmp_path: Path,
+                                                                   text: str | None) -> None:
+    path = tmp_path / "state.json"
+    if text is not None:
+        path.write_bytes(text.encode("latin-1"))
+    assert user_files.read_json_object(path) == {}
+
+
+def test_remember_json_writes_privately_and_skips_a_failed_write(tmp_path: Path,
+                                                                 open_umask: None) -> None:
+    path = tmp_path / "state" / "memory.json"
+    user_files.remember_json(path, {"a": 1.5, "b": [1, 2]}, indent=1)
+    assert path.read_text() == '{\n "a": 1.5,\n "b": [\n  1,\n  2\n ]\n}'
+    assert _mode(path.parent) == 0o700 and _mode(path) == 0o600
+    assert user_files.read_json_object(path) == {"a": 1.5, "b": [1, 2]}
+    (tmp_path / "afile").write_text("")
+    user_files.remember_json(tmp_path / "afile" / "memory.json", {"a": 1})  # no folder: skipped
+    assert (tmp_path / "afile").read_text() == ""

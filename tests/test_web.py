@@ -1,7 +1,8 @@
 """`specchat web`: the app in a browser tab, and the server's refusals.
 
 Each test starts its own `specchat web` (tests/web_launcher.py: cli.main with the app process
-on fake backends) on a free port of 127.0.0.1, and stops it with SIGINT, as Ctrl+C does.
+on fake backends; tests/web_server.py) on a free port of 127.0.0.1, and stops it with SIGINT, as
+Ctrl+C does.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import os
 import re
 import secrets
-import select
 import signal
 import socket
 import subprocess
@@ -21,66 +21,13 @@ from pathlib import Path
 import pytest
 
 from chatapp.cli import build_parser, main, model_argv
+from tests.web_server import REPO, WebServer
 
-REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
 SCREENSHOT_ENV = "SPECCHAT_WEB_SCREENSHOT"  # a path: the browser test saves its screenshot there
-
-
-class WebServer:
-    """`specchat web --no-open` in a subprocess, its app processes on fake backends."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.starts = tmp_path / "app-starts"  # each app process appends its pid
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                   XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.web_launcher", "serve", str(self.starts),
-             str(tmp_path / "history.sqlite3"), "--no-open"],
-            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
-        line = self._read_line(timeout=15)
-        match = re.search(rb"http://127\.0\.0\.1:(\d+)/([A-Za-z0-9_-]+)/", line)
-        assert match, f"no URL in {line!r}"
-        self.url = match.group(0).decode()
-        self.port, self.secret = int(match.group(1)), match.group(2).decode()
-        self.host = f"127.0.0.1:{self.port}"
-        self.origin = f"http://{self.host}"
-        self.stderr = b""
-
-    def _read_line(self, timeout: float) -> bytes:
-        stdout = self.process.stdout
-        assert stdout is not None
-        ready, _, _ = select.select([stdout], [], [], timeout)
-        assert ready, "specchat web printed no URL in time"
-        return stdout.readline()
-
-    def app_pids(self) -> list[int]:
-        return [int(line) for line in self.starts.read_text().split()] if self.starts.exists() \
-            else []
-
-    def wait_for_apps(self, count: int, timeout: float = 15) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while len(self.app_pids()) < count:
-            assert time.monotonic() < deadline, f"{count} app process(es) never started"
-            time.sleep(0.05)
-        return self.app_pids()
-
-    def stop(self, signum: int = signal.SIGINT) -> int:
-        """Ctrl+C (or ``signum``); the exit status (the test fails if it takes more than 15 s)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        try:
-            _, self.stderr = self.process.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate()
-            raise AssertionError("specchat web did not stop on SIGINT") from None
-        return self.process.returncode
 
 
 @pytest.fixture
@@ -345,58 +292,59 @@ COUNT_COLOUR_JS = """async ([png, colours]) => {
 }"""
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                    "(apt-get install chromium)")
-def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
-        server: WebServer, tmp_path: Path) -> None:
+def wait_for_text(page, frames: list[bytes], pattern: bytes, what: str,
+                  timeout: float = 20) -> None:
+    """Wait until the text the page received over its WebSocket (``frames``) matches."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, ANSI.sub(b"", b"".join(frames))):
+        assert time.monotonic() < deadline, f"the page never showed {what}"
+        page.wait_for_timeout(50)
+
+
+def open_page(browser, frames: list[bytes], errors: list[str]):
+    """A page that appends what its WebSocket receives to ``frames`` and its console's and
+    script's errors to ``errors``."""
+    page = browser.new_page(viewport={"width": 1100, "height": 680})
+    page.set_default_timeout(15_000)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("websocket", lambda ws: ws.on(
+        "framereceived", lambda f: frames.append(f if isinstance(f, bytes) else b"")))
+    return page
+
+
+def say_hello_in_a_browser(server: WebServer, colours: list[list[int]]
+                           ) -> tuple[bytes, list[str], bytes, list[list[int]]]:
+    """Open the app in headless Chromium, show the statistics, send "Hello there", wait for the
+    reply, then stop the server with the tab open. Returns what the page received, its errors,
+    the screenshot after the reply, and the pixels of each of ``colours`` before and after."""
     import base64
 
     from playwright import sync_api
 
-    from chatapp.chat.history import HistoryStore
-    from chatapp.settings.config import Config
-    from chatapp.tui.app import SpecChatApp
-
-    theme = SpecChatApp(Config()).get_css_variables()
-    accepted, resampled = theme["text-success"], theme["text-warning"]
     frames: list[bytes] = []
-
-    def received() -> bytes:
-        return b"".join(frames)
-
-    def wait_for_text(pattern: bytes, what: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, ANSI.sub(b"", received())):
-            assert time.monotonic() < deadline, f"the page never showed {what}"
-            page.wait_for_timeout(50)
-
+    errors: list[str] = []
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
                                              timeout=20_000)
         try:
-            page = browser.new_page(viewport={"width": 1100, "height": 680})
-            page.set_default_timeout(15_000)
-            errors: list[str] = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on("websocket", lambda ws: ws.on(
-                "framereceived", lambda f: frames.append(f if isinstance(f, bytes) else b"")))
+            page = open_page(browser, frames, errors)
             page.goto(server.url)
             page.wait_for_selector("body.-first-byte")
-            wait_for_text(rb"Message \(Enter sends", "the message box")
+            wait_for_text(page, frames, rb"Message \(Enter sends", "the message box")
             page.focus("textarea.xterm-helper-textarea")
             page.keyboard.press("F2")  # the statistics panel
-            wait_for_text(rb"No reply yet\. Statistics", "the statistics panel")
+            wait_for_text(page, frames, rb"No reply yet\. Statistics", "the statistics panel")
             page.wait_for_timeout(300)
             before = page.screenshot()
             page.keyboard.type("Hello there")
             page.keyboard.press("Enter")
-            wait_for_text(rb"Turn 1 \xc2\xb7 (done|cut at max tokens)", "the finished reply")
-            wait_for_text(rb"Tokens/s", "the speed statistics")
+            wait_for_text(page, frames, rb"Turn 1 \xc2\xb7 (done|cut at max tokens)",
+                          "the finished reply")
+            wait_for_text(page, frames, rb"Tokens/s", "the speed statistics")
             page.wait_for_timeout(500)  # xterm.js paints what it received
             after = page.screenshot()
-            counts = [page.evaluate(COUNT_COLOUR_JS, [base64.b64encode(png).decode(),
-                                                      [rgb(accepted), rgb(resampled)]])
+            counts = [page.evaluate(COUNT_COLOUR_JS, [base64.b64encode(png).decode(), colours])
                       for png in (before, after)]
             [pid] = server.app_pids()
             assert server.stop() == 0  # Ctrl+C with the tab open: the app quits, then the server
@@ -404,11 +352,26 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
             page.wait_for_selector("body.-closed")  # the tab says the session ended
         finally:
             browser.close()
-    text = ANSI.sub(b"", received())
+    return b"".join(frames), errors, after, counts
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                    "(apt-get install chromium)")
+def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
+        server: WebServer, tmp_path: Path) -> None:
+    from chatapp.chat.history import HistoryStore
+    from chatapp.settings.config import Config
+    from chatapp.tui.app import SpecChatApp
+
+    theme = SpecChatApp(Config()).get_css_variables()
+    accepted, resampled = theme["text-success"], theme["text-warning"]
+    received, errors, after, counts = say_hello_in_a_browser(
+        server, [rgb(accepted), rgb(resampled)])
+    text = ANSI.sub(b"", received)
     for label in (b"Hello there", b"Speculation", b"Drafted", b"Accepted", b"Per target call",
                   b"Acceptance by position", b"verify", b"First token"):
         assert label in text, label
-    assert sgr_colour(accepted) in received() and sgr_colour(resampled) in received()
+    assert sgr_colour(accepted) in received and sgr_colour(resampled) in received
     (before_accepted, before_resampled), (after_accepted, after_resampled) = counts
     assert after_accepted > before_accepted + 200, counts  # the reply's tokens, painted
     assert after_resampled > before_resampled + 200, counts
@@ -422,4 +385,3 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
     store.close()
     assert stored[0] == ("user", "Hello there") and stored[1][0] == "assistant"
     assert len(stored) == 2 and stored[1][1].strip()  # the reply, saved when the app quit
-

@@ -35,7 +35,8 @@ from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 _AMX_CPU_FLAGS = frozenset({"amx_tile", "amx_int8"})  # what ggml's AMX kernels execute
 
-# Linux x86-64 constants (linux/audit.h, asm/unistd_64.h, asm/prctl.h, linux/seccomp.h, linux/filter.h)
+# Linux x86-64 constants (linux/audit.h, asm/unistd_64.h, asm/prctl.h, linux/seccomp.h,
+# linux/filter.h)
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _NR_ARCH_PRCTL = 158
 _NR_SECCOMP = 317

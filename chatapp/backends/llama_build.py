@@ -93,8 +93,9 @@ def apply_amx_fix(source: Path) -> None:
 
 def _replace_once(text: str, anchor: str, replacement: str) -> str:
     if text.count(anchor) != 1:
-        raise BuildError(f"{MMQ_PATH} has {text.count(anchor)} places for a fix ({anchor.strip()!r}),"
-                         " not one: this is not the llama.cpp the fixes were written for")
+        raise BuildError(f"{MMQ_PATH} has {text.count(anchor)} places for a fix "
+                         f"({anchor.strip()!r}), not one: this is not the llama.cpp the fixes "
+                         "were written for")
     return text.replace(anchor, replacement)
 
 

@@ -8,8 +8,9 @@ positions with ``llama_memory_seq_rm``; re-evaluating after it gives the same lo
 context (llama.cpp's arithmetic for a given batch layout is deterministic).
 
 ``llama_cpp`` is imported lazily, on the first backend created, and this module never imports
-torch. llama.cpp's own logging goes to a ring buffer (quoted in error messages) instead of stderr,
-unless the environment variable ``SPECCHAT_LLAMA_LOG=1`` is set.
+torch. The library is loaded, kept off its AMX kernels where they crash, and its logging routed
+(quoted in error messages, not printed) by ``chatapp.backends.llama_runtime``; the model file is
+checked first by ``chatapp.backends.gguf_file``.
 
 Memory defaults (measured on the Qwen2.5-Coder 0.5B + 1.5B pair, n_ctx 4096): the weights are read
 into memory rather than mmapped, because llama.cpp repacks quantised weights at load, and with mmap
@@ -23,120 +24,21 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from chatapp.backends import amx_guard, amx_probe, thread_memory
+from chatapp.backends import llama_runtime, thread_memory
 from chatapp.backends.base import BackendError, ModelFacts
 from chatapp.backends.chat_template import ChatMessage, render_chat
+from chatapp.backends.gguf_file import check_gguf_file
 from chatapp.backends.machine_load import CpuSample, others_busy_cores
 from chatapp.backends.threads import AdaptiveThreads, available_cores, make_thread_choice
 
-GGUF_MAGIC = b"GGUF"
-_GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
 _SEQ = 0  # the one sequence id this backend uses
-_LOG_LEVEL_WARN = 3  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
-_LOG_LEVEL_CONT = 5
-
-_llama: ModuleType | None = None
-_log_tail: deque[str] = deque(maxlen=12)
-_log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
-_guard = amx_guard.Guard.NONE  # how this process keeps llama.cpp off its AMX kernels
-_guard_note: str | None = None  # what to tell the user about it, once
-
-
-def _lib() -> ModuleType:
-    """Import llama_cpp once, keep it off its AMX kernels, initialise it and route its logging."""
-    global _llama, _log_callback, _guard, _guard_note
-    if _llama is None:
-        try:
-            import llama_cpp
-        except ImportError as exc:
-            raise BackendError(
-                "The llama.cpp backend needs llama-cpp-python: pip install 'llama-cpp-python>=0.3.16'"
-            ) from exc
-        system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
-        library_dir = Path(getattr(llama_cpp.llama_cpp, "_base_path",
-                                   Path(llama_cpp.__file__).parent / "lib"))
-        _guard, _guard_note = _avoid_amx_kernels(system_info, library_dir)
-        _log_callback = llama_cpp.llama_log_callback(_on_log)
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _llama = llama_cpp
-    return _llama
-
-
-def _avoid_amx_kernels(system_info: str, library_dir: Path) -> tuple[amx_guard.Guard, str | None]:
-    """Decide and apply the AMX guard before any model is loaded (see ``amx_guard``); the guard
-    and what to tell the user (nothing when ``SPECCHAT_AMX=off`` asked for it)."""
-    forced = amx_guard.forced_off(os.environ)
-    guard = amx_guard.plan_guard(amx_guard.cpu_flags(), system_info,
-                                 amx_guard.can_filter_syscalls(),
-                                 lambda: not forced and amx_probe.amx_is_safe(library_dir))
-    if guard is amx_guard.Guard.DENY_PERMISSION and not amx_guard.deny_amx_permission():
-        guard = amx_guard.Guard.NO_EXTRA_BUFFERS
-    return guard, None if forced else amx_guard.guard_note(guard)
-
-
-def amx_in_use() -> bool:
-    """Whether llama.cpp may run its AMX kernels in this process (after the first model load)."""
-    lib = _lib()
-    info = lib.llama_print_system_info().decode(errors="replace")
-    return (_guard is amx_guard.Guard.NONE
-            and amx_guard.cpu_and_build_have_amx(amx_guard.cpu_flags(), info))
-
-
-def runtime_notes() -> list[str]:
-    """What the user should be told once about how llama.cpp runs here (empty: nothing)."""
-    return [_guard_note] if _guard_note else []
-
-
-def _on_log(level: int, text: bytes | None, _user_data: Any) -> None:
-    """Keep llama.cpp's warnings and errors for error messages; echo all if SPECCHAT_LLAMA_LOG=1."""
-    message = (text or b"").decode("utf-8", errors="replace")
-    if os.environ.get("SPECCHAT_LLAMA_LOG") == "1":
-        sys.stderr.write(message)
-    if level == _LOG_LEVEL_CONT and _log_tail:
-        _log_tail[-1] += message
-    elif level >= _LOG_LEVEL_WARN and message.strip():
-        _log_tail.append(message)
-
-
-def _llama_said() -> str:
-    lines = [line.strip() for line in _log_tail if line.strip()]
-    return f" llama.cpp said: {' | '.join(lines[-3:])}" if lines else ""
-
-
-def check_gguf_file(path: Path) -> None:
-    """Raise ``BackendError`` unless ``path`` is a readable file that starts like a GGUF model.
-
-    llama.cpp can crash the process on some malformed input, so garbage never reaches it.
-    """
-    if not path.exists():
-        raise BackendError(f"Model file not found: {path}. Check the path, or run `specchat models` "
-                           "to see the installed models and where they are.")
-    if not path.is_file():
-        raise BackendError(f"Model path {path} is not a file; give the path of a .gguf file.")
-    size = path.stat().st_size
-    try:
-        with path.open("rb") as f:
-            head = f.read(len(GGUF_MAGIC))
-    except OSError as exc:
-        raise BackendError(f"Cannot read the model file {path}: {exc}.") from exc
-    if head != GGUF_MAGIC:
-        raise BackendError(
-            f"{path} is not a GGUF model (it starts with {head!r}, not {GGUF_MAGIC!r}). The llama.cpp "
-            "backend needs a .gguf file; if the model came in parts, join them in order first.")
-    if size <= _GGUF_HEADER_BYTES:
-        raise BackendError(f"{path} is only {size} bytes: the GGUF file is truncated. Download or "
-                           "assemble it again and check its sha256.")
 
 
 class LlamaCppBackend(ModelFacts):
@@ -162,7 +64,7 @@ class LlamaCppBackend(ModelFacts):
             raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
         self._path = Path(path)
         check_gguf_file(self._path)
-        lib = _lib()
+        lib = llama_runtime.lib()
         self._lib = lib
         load_started = CpuSample.now()
         self._model = self._load_model(gpu_layers, use_mmap, devices, tensor_split, repack)
@@ -199,7 +101,7 @@ class LlamaCppBackend(ModelFacts):
     def _model_params(self, gpu_layers: int, use_mmap: bool, repack: bool) -> Any:
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
-        params.use_extra_bufts = repack and _guard is not amx_guard.Guard.NO_EXTRA_BUFFERS
+        params.use_extra_bufts = repack and llama_runtime.repacking_allowed()
         if hasattr(params, "load_mode"):  # llama.cpp replaced use_mmap with load_mode in 2026
             params.load_mode = (self._lib.LLAMA_LOAD_MODE_MMAP if use_mmap
                                 else self._lib.LLAMA_LOAD_MODE_NONE)
@@ -217,7 +119,7 @@ class LlamaCppBackend(ModelFacts):
         if tensor_split:
             split = (ctypes.c_float * self._lib.llama_max_devices())(*tensor_split)
             params.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
-        _log_tail.clear()
+        llama_runtime.clear_log()
         model = self._lib.llama_model_load_from_file(str(self._path).encode(), params)
         if not model:
             size = self._path.stat().st_size
@@ -225,7 +127,7 @@ class LlamaCppBackend(ModelFacts):
                 f"llama.cpp could not load {self._path} ({size:,} bytes). The file is probably "
                 "truncated or corrupt, or its architecture is newer than this llama-cpp-python: "
                 "assemble or download it again and check its sha256, or upgrade llama-cpp-python."
-                + _llama_said())
+                + llama_runtime.llama_said())
         return model
 
     def _new_context(self, n_ctx: int, n_batch: int, threads: int) -> Any:
@@ -237,12 +139,13 @@ class LlamaCppBackend(ModelFacts):
         params.n_threads = threads
         params.n_threads_batch = threads
         params.no_perf = True
-        _log_tail.clear()
+        llama_runtime.clear_log()
         ctx = self._lib.llama_init_from_model(self._model, params)
         if not ctx:
             raise BackendError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for {self._path.name}: "
-                "probably out of memory. Lower n_ctx (--n-ctx) or n_batch." + _llama_said())
+                "probably out of memory. Lower n_ctx (--n-ctx) or n_batch."
+                + llama_runtime.llama_said())
         return ctx
 
     def _find_stop_ids(self) -> frozenset[int]:
@@ -398,7 +301,7 @@ class LlamaCppBackend(ModelFacts):
             batch.seq_id[i][0] = _SEQ
             batch.logits[i] = i >= first_out
         batch.n_tokens = len(chunk)
-        _log_tail.clear()
+        llama_runtime.clear_log()
         threads = self.thread_choice.choose(len(chunk))
         if threads != self._threads_set:
             self._lib.llama_set_n_threads(self._ctx, threads, threads)
@@ -410,7 +313,7 @@ class LlamaCppBackend(ModelFacts):
             self._remove_from(rollback_to)
             del self._cache[rollback_to:]
             raise BackendError(f"llama_decode failed (status {status}) on {len(chunk)} tokens at "
-                               f"position {pos} in {self._name}." + _llama_said())
+                               f"position {pos} in {self._name}." + llama_runtime.llama_said())
         self._cache.extend(chunk)
 
     def _require_open(self) -> None:

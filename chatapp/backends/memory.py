@@ -24,10 +24,11 @@ class InsufficientMemoryError(UserFacingError):
     """The model would not fit in the memory that is available."""
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux MemAvailable), or None if unknown."""
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable, read from ``meminfo``),
+    or None if unknown."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except OSError:

@@ -10,13 +10,13 @@ which never registers an RPC server (so nothing else it loads can land on one by
 
 Wire: a ``socket.socketpair`` wrapped in ``multiprocessing.connection.Connection``; requests are
 pickled ``(method, args)``, replies ``("ok", value)`` or ``("error", kind, message)``. The
-logits of ``evaluate`` (if any rows) follow their reply as raw float32 bytes (``send_bytes``), read into a
-buffer the numpy array then owns: one copy each way (measured: 0.8 ms for the 5 rows of a K = 4
-verify on the 152k Qwen vocabulary, 3 MB, against ~100 ms for the target step, so no shared
-memory). Everything that never changes (name,
-vocabulary size and fingerprint, stop ids, every token's bytes, where the layers are) comes once,
-with the load, so ``token_bytes`` and ``vocab_fingerprint`` are local. ``cached_tokens`` is
-mirrored on this side from the calls that succeeded.
+logits of ``evaluate`` (if any rows) follow their reply as raw float32 bytes (``send_bytes``),
+read into a buffer the numpy array then owns: one copy each way (measured: 0.8 ms for the 5 rows
+of a K = 4 verify on the 152k Qwen vocabulary, 3 MB, against ~100 ms for the target step, so no
+shared memory). Everything that never changes (name, vocabulary size and fingerprint, stop ids,
+every token's bytes, where the layers are) comes once, with the load, so ``token_bytes`` and
+``vocab_fingerprint`` are local. ``cached_tokens`` is mirrored on this side from the calls that
+succeeded.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ class _Worker:
                                   devices=[d.pointer for d in devices], tensor_split=tensor_split)
         self.backend = backend
         return {"name": backend.name, "vocab_size": backend.vocab_size, "n_ctx": backend.n_ctx,
-                "threads": backend.threads, "stop_ids": sorted(backend.stop_ids), "fingerprint": backend.vocab_fingerprint(),
+                "threads": backend.threads, "stop_ids": sorted(backend.stop_ids),
+                "fingerprint": backend.vocab_fingerprint(),
                 "pieces": [backend.token_bytes(t) for t in range(backend.vocab_size)],
                 "devices": [f"{d.name} {d.description}" for d in devices]}
 

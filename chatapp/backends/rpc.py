@@ -38,8 +38,8 @@ from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.threads import available_cores
 
-# The one command that installs llama-cpp-python with the RPC backend (and AMX code paths off).
-PROTOCOL = (7, 0)  # RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
+# RPC_PROTO_MAJOR/MINOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
+PROTOCOL = (7, 0)
 PROBE_TIMEOUT_S = 3.0
 SECURITY_NOTE = ("The RPC protocol has no authentication and no encryption: whoever reaches this "
                  "port can run computations on this machine and see the prompts' activations. "
@@ -55,9 +55,9 @@ _DEVICE_TYPE_ACCEL = 3
 
 def require_rpc() -> None:
     """Raise ``BackendError`` with the install command unless llama.cpp was built with RPC."""
-    from chatapp.backends.llama_cpp import _lib
+    from chatapp.backends.llama_runtime import lib
 
-    if not _lib().llama_supports_rpc():
+    if not lib().llama_supports_rpc():
         raise BackendError("This llama-cpp-python was built without the RPC backend, so the "
                            f"target cannot run on other machines. Reinstall it with: "
                            f"{FULL_BUILD_COMMAND}")
@@ -86,9 +86,11 @@ def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> tuple[int, in
             body = b""  # a server of another protocol generation drops the connection
     version = (body[0], body[1], body[2]) if body else None
     if version is None or version[0] != PROTOCOL[0] or version[1] > PROTOCOL[1]:
-        theirs = "an older protocol" if version is None else "protocol " + ".".join(map(str, version))
+        theirs = ("an older protocol" if version is None
+                  else "protocol " + ".".join(map(str, version)))
         raise BackendError(
-            f"The RPC server {endpoint} speaks {theirs}, this specchat {PROTOCOL[0]}.{PROTOCOL[1]}: "
+            f"The RPC server {endpoint} speaks {theirs}, this specchat "
+            f"{PROTOCOL[0]}.{PROTOCOL[1]}: "
             "install the same llama-cpp-python on both machines and start the server with "
             "`specchat rpc-server`.")
     return version
@@ -138,9 +140,9 @@ class _Ggml:
     """
 
     def __init__(self) -> None:
-        from chatapp.backends.llama_cpp import _lib
+        from chatapp.backends.llama_runtime import lib
 
-        lib_dir = Path(_lib().__file__).parent / "lib"
+        lib_dir = Path(lib().__file__).parent / "lib"
         ggml = ctypes.CDLL(str(lib_dir / f"libggml.so.{_GGML_SOVERSION}"))
         base = ctypes.CDLL(str(lib_dir / f"libggml-base.so.{_GGML_SOVERSION}"))
         vp, cp, size = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t

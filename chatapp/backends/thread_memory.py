@@ -11,11 +11,10 @@ counts as empty, and a write that fails is skipped: the memory only saves a few 
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 from pathlib import Path
 
-from chatapp.user_files import private_dir, state_dir, write_private
+from chatapp.user_files import read_json_object, remember_json, state_dir
 
 
 def memory_path(model: Path, cores: int) -> Path:
@@ -32,11 +31,7 @@ def memory_path(model: Path, cores: int) -> Path:
 
 def recall(path: Path) -> dict[str, float]:
     """The costs kept in ``path`` (empty when there are none or they cannot be read)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(path)
 
 
 def remember(costs: dict[str, float], path: Path) -> None:
@@ -47,11 +42,7 @@ def remember(costs: dict[str, float], path: Path) -> None:
     for key, cost in costs.items():
         old = merged.get(key)
         merged[key] = cost if not isinstance(old, (int, float)) else min(float(old), cost)
-    try:
-        private_dir(path.parent)
-        write_private(path, json.dumps(merged, indent=1).encode("utf-8"))
-    except OSError:
-        pass
+    remember_json(path, merged, indent=1)
 
 
 def _cpu_model() -> str:

@@ -21,8 +21,9 @@ A machine that is busy before specchat starts must not cost the first tokens, no
 - The first count is the cores other processes leave free (``first_count``, from
   ``chatapp.backends.machine_load`` measured while the model loaded), all of them when unknown.
 - What each count cost on this machine in earlier runs (``learnt``, kept by
-  ``chatapp.backends.thread_memory``) is the expectation: an evaluation ``_FAR_OFF`` times dearer than
-  expected (the machine got busy after the load) starts a try at once, once per size and start.
+  ``chatapp.backends.thread_memory``) is the expectation: an evaluation ``_FAR_OFF`` times dearer
+  than expected (the machine got busy after the load) starts a try at once, once per size and
+  start.
 - The start's first large evaluation (a prompt) is checked: ``chunks`` splits off its first
   ``_HEAD`` tokens; when they cost far more than expected, or nothing at all is known of the
   machine now, the next ``_HEAD`` tokens go to the neighbouring count, and the faster of the two

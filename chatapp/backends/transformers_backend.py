@@ -35,8 +35,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads them: never go online
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from chatapp.offline import stay_offline
+
+stay_offline()  # before transformers reads the environment: never go online
 
 import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
@@ -45,15 +46,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp import user_files  # noqa: E402
-from chatapp.backends.base import BackendError, ModelFacts
-from chatapp.backends.chat_template import (
-    ChatMessage,  # noqa: E402
-    render_chat,  # noqa: E402
-)
+from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
+from chatapp.backends.chat_template import ChatMessage, render_chat  # noqa: E402
+from chatapp.backends.gguf_file import is_gguf  # noqa: E402
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
 
-GGUF_MAGIC = b"GGUF"
 _KEY_PREFIX_BYTES = 1 << 20
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -304,7 +302,7 @@ def _load(path: Path, cache_root: Path, device: torch.device, dtype: torch.dtype
                            "(config.json + *.safetensors) or a .gguf file.")
     if path.is_dir():
         return path, *_load_hf_dir(path, device, dtype)
-    if not _is_gguf(path):
+    if not is_gguf(path):
         raise BackendError(f"{path} is neither a .gguf file (no GGUF header) nor a model folder. "
                            "Pass a Hugging Face model folder or a .gguf file.")
     converted = cache_root / "hf" / gguf_cache_key(path)
@@ -312,11 +310,6 @@ def _load(path: Path, cache_root: Path, device: torch.device, dtype: torch.dtype
         return converted, *_load_hf_dir(converted, device, dtype)
     model, tokenizer = _convert_gguf(path, converted)
     return converted, model.to(device=device, dtype=dtype), tokenizer
-
-
-def _is_gguf(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
 
 
 def _load_hf_dir(folder: Path, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:

@@ -45,5 +45,6 @@ from chatapp.bench.specs import (
                                  select_prompts,
 )
 
-__all__ = ["PROMPTS_PATH", "BenchBackends", "BenchPrompt", "RunSpec", "bench_command", "bench_max_tokens",
-           "default_specs", "geometric_mean", "load_prompts", "rotated", "select_prompts"]
+__all__ = ["PROMPTS_PATH", "BenchBackends", "BenchPrompt", "RunSpec", "bench_command",
+           "bench_max_tokens", "default_specs", "geometric_mean", "load_prompts", "rotated",
+           "select_prompts"]

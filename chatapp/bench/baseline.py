@@ -1,5 +1,5 @@
-"""`specchat bench --baseline PYTHON`: another installation's target-only decoding, prompt by prompt,
-side by side with this one's configurations.
+"""`specchat bench --baseline PYTHON`: another installation's target-only decoding, prompt by
+prompt, side by side with this one's configurations.
 
 Speed claims such as "2.3x today's plain decoding" compare two builds (another llama-cpp-python,
 other weights), which cannot share a process. So for every prompt, just before this bench's own

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from chatapp.bench.baseline import BASELINE, Launcher
 from chatapp.bench.busy import BusyProcesses
-from chatapp.bench.report import print_report, summarise
+from chatapp.bench.report import Row, print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
 from chatapp.chat.loader import load_backend
@@ -77,7 +77,15 @@ def bench_command(config: Config, json_path: Path | None, *,
                 if backend is not None:
                     backend.close()
     names = [spec.name for spec in specs] + bench.extra_configs + ([BASELINE] if baseline else [])
-    summaries = summarise(rows, names, BASELINE if baseline else None)
+    _report(bench, prompts, rows, names, BASELINE if baseline else None, json_path, out)
+    return 0
+
+
+def _report(bench: Bench, prompts: Sequence[BenchPrompt], rows: list[Row], names: list[str],
+            baseline: str | None, json_path: Path | None, out: TextIO) -> None:
+    """Print the table of ``rows`` (configurations ``names``, against ``baseline`` if any) with
+    the peak memory, and write everything to ``json_path`` (if any)."""
+    summaries = summarise(rows, names, baseline)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print_report(out, bench.describe(len(prompts)), summaries, rows, peak_rss_mib)
     if json_path is not None:
@@ -88,5 +96,4 @@ def bench_command(config: Config, json_path: Path | None, *,
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"Wrote {json_path}", file=out)
-    return 0
 

@@ -127,7 +127,8 @@ def conversation_command(config: Config, specs: Sequence[RunSpec], max_tokens: i
         specs.insert(0, RunSpec(None))
     owned = backends is None
     if backends is None:
-        backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
+        backends = BenchBackends(load_backend(config.target, "target", config,
+                                              progress_printer(log)))
     try:
         bench = Bench(config, backends, specs, max_tokens, log, False)
         if warmup:

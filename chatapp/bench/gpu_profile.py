@@ -44,9 +44,10 @@ from chatapp.backends.base import Backend
 from chatapp.backends.threads import FixedThreads
 from chatapp.backends.transformers_backend import TransformersBackend
 from chatapp.bench.specs import RunSpec
+from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import MAX_DRAFT_LENGTH, MODEL_SOURCE, DraftBudget, Proposal
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.engine.kv import common_prefix_length, evaluate_sequence, rollback_to_prefix
+from chatapp.engine.kv import common_prefix_length, evaluate_sequence
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams, greedy_tokens
 from chatapp.engine.stats import decode_tokens_per_s
@@ -115,30 +116,22 @@ def evaluation_costs(backend: Backend, device: torch.device, context: Sequence[i
     return costs
 
 
-class SyntheticDrafter:
-    """Drafts with a real model, one evaluation per token as ``ModelDrafter`` does, but proposes
-    at each position the target's greedy token (``reference``: the target's greedy reply to
-    ``prompt``) with probability ``accept``, else another token; once the reply has left the
-    reference, the draft model's own greedy tokens."""
+class SyntheticDrafter(ModelDrafter):
+    """Drafts with a real model, one evaluation per token as ``ModelDrafter`` does (whose prefill,
+    rollback and close it keeps), but proposes at each position the target's greedy token
+    (``reference``: the target's greedy reply to ``prompt``) with probability ``accept``, else
+    another token; once the reply has left the reference, the draft model's own greedy tokens."""
 
     def __init__(self, backend: Backend, prompt: Sequence[int], reference: Sequence[int],
                  accept: float, seed: int) -> None:
-        self.backend, self.accept = backend, accept
+        super().__init__(backend)
+        self.accept = accept
         self.prompt, self.reference = list(prompt), list(reference)
         self.rng = np.random.default_rng(seed)
 
     @property
     def name(self) -> str:
         return f"synthetic {self.backend.name}"
-
-    def prefill(self, context: Sequence[int]) -> None:
-        evaluate_sequence(self.backend, context, 0)
-
-    def rollback(self, context: Sequence[int], verified: int) -> None:
-        rollback_to_prefix(self.backend, context, verified)
-
-    def close(self) -> None:
-        self.backend.close()
 
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:

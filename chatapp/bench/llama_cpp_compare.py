@@ -8,8 +8,8 @@ uses the same models (the GGUF files specchat loads), the same threads, greedy:
 
 - ``none``: ``llama-bench -p 0 -n N -d D -t T`` (plain decoding, ``tg``, after a context of D
   tokens, D the prompt's token count: decoding after a prompt costs more than from an empty
-  context, 28.0 against 32.7 tok/s at D = 256 on the README's CPU; ``llama-speculative-simple``
-  cannot run without a speculative type);
+  context, 28.0 against 32.7 tok/s at D = 256 on the CPU of docs/benchmarks.md;
+  ``llama-speculative-simple`` cannot run without a speculative type);
 - ``draft-simple K3``, ``ngram-simple``, ``ngram-mod``: ``llama-speculative-simple`` with that
   ``--spec-type`` (the n-gram modes with llama.cpp's default sizes).
 
@@ -76,7 +76,8 @@ LLAMA_ROWS = (NONE, *(mode.name for mode in SPEC_MODES))  # llama.cpp's rows, in
 DEFAULT_COMPARE_SPECS = ("target", "model:3", "model:auto", "ngram:auto", "ngram+model:auto")
 
 _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds")
-_DECODED = re.compile(r"decoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds,\s+speed:\s+([\d.]+)\s+t/s")
+_DECODED = re.compile(r"decoded\s+(\d+)\s+tokens\s+in\s+([\d.]+)\s+seconds,"
+                      r"\s+speed:\s+([\d.]+)\s+t/s")
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def tool_path(directory: Path, name: str) -> Path:
             return candidate
     raise LlamaCppCompareError(
         f"{directory} has no executable {name} (nor bin/{name}). Build llama.cpp's tools from "
-        "the source vendored by llama-cpp-python (see the README's benchmark section: "
+        "the source vendored by llama-cpp-python (see docs/benchmarks.md: "
         f"cmake --build BUILD --target {BENCH_TOOL} {SPEC_TOOL}) and give that folder.")
 
 
@@ -174,7 +175,7 @@ class LlamaCpp:
         return parse_speculative_output(mode.name, "\n".join(_run_tool(command)))
 
 
-# -- the command ------------------------------------------------------------------------------------
+# -- the command ------------------------------------------------------------------------------
 
 def compare_command(config: Config, directory: Path, prompts: Sequence[BenchPrompt],
                     specs: Sequence[RunSpec] | None, max_tokens: int, *, warmup: bool = True,

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from chatapp.bench.specs import TARGET, BenchPrompt
 from chatapp.engine.kv import common_prefix_length
+from chatapp.engine.stats import TurnStats, decode_tokens_per_s
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Run:
     speeds of every repeat (the kept run is the fastest)."""
 
     output: list[int]
-    stats: Any
+    stats: TurnStats
     finish_reason: str
     drafted_per_step: Counter
     policy: str
@@ -93,18 +94,12 @@ class Summary:
         return dataclasses.asdict(self)
 
 
-def generation_speed(stats: Any) -> float:
-    """Emitted tokens / (turn time - prompt time); 0 for a turn without generation time."""
-    seconds = stats.total_s - stats.prompt_s
-    return stats.tokens / seconds if seconds > 0 else 0.0
-
-
 def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
     """The row of ``run`` (configuration ``name`` on ``prompt``), its ratio and sameness
     measured against ``reference``, the target-only run of the same prompt."""
     stats = run.stats
-    speed = generation_speed(stats)
-    reference_speed = generation_speed(reference.stats)
+    speed = decode_tokens_per_s(stats)
+    reference_speed = decode_tokens_per_s(reference.stats)
     same = common_prefix_length(run.output, reference.output)
     return Row(
         prompt=prompt.id, category=prompt.category, config=name, tokens=stats.tokens,
@@ -125,7 +120,7 @@ def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
 def compared_to(row: Row, reference: Run) -> Row:
     """``row`` (of another process: the baseline's) with its ratio and sameness measured
     against ``reference``, this bench's target-only run of the same prompt."""
-    speed = generation_speed(reference.stats)
+    speed = decode_tokens_per_s(reference.stats)
     same = common_prefix_length(row.output, reference.output)
     return dataclasses.replace(row, ratio=row.tokens_per_s / speed if speed > 0 else 0.0,
                                same_as_target=same, identical=row.output == reference.output)
@@ -250,7 +245,8 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
     print("", file=out)
     print("Speed: tokens / (turn time - prompt time); time split as shares of the whole turn; "
           "engine: the engine's own work (everything outside the models' evaluate/truncate "
-          "calls) as a share of the generation time; same as target: tokens equal to the target-only output before the first difference "
+          "calls) as a share of the generation time; same as target: tokens equal to the "
+          "target-only output before the first difference "
           "(mean over prompts; n/m all: outputs identical to it).", file=out)
     print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
 

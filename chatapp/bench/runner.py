@@ -17,13 +17,14 @@ from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.threads import ThreadChoice, available_cores
 from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
-from chatapp.bench.report import Row, Run, compared_to, generation_speed, make_row
+from chatapp.bench.report import Row, Run, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.loader import generation_settings, load_backend, make_drafter, make_policy
 from chatapp.chat.turns import k_label
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.stats import decode_tokens_per_s
 from chatapp.settings.config import Config, rpc_label
 
 WARMUP_TOKENS = 24
@@ -187,9 +188,9 @@ class Bench:
                     self._engines[spec.name] = (engine, policy)
                 run = self._generate(spec, engine, policy, tokens, self.settings, seed=number)
                 self._log_run(number, total, prompt, spec.name, run)
-                speeds.setdefault(spec.name, []).append(generation_speed(run.stats))
+                speeds.setdefault(spec.name, []).append(decode_tokens_per_s(run.stats))
                 best = runs.get(spec.name)
-                if best is None or generation_speed(run.stats) > generation_speed(best.stats):
+                if best is None or decode_tokens_per_s(run.stats) > decode_tokens_per_s(best.stats):
                     runs[spec.name] = run  # the fastest repeat: least disturbed by the machine
         for name, run in runs.items():
             run.speeds = speeds[name]
@@ -253,7 +254,7 @@ class Bench:
         return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
-        speed = generation_speed(run.stats)
+        speed = decode_tokens_per_s(run.stats)
         print(f"[{number}/{total}] {prompt.id:<16} {name:<18} {run.stats.tokens:4d} tokens "
               f"{speed:6.1f} tok/s  {run.policy}  threads {run.stats.threads}", file=self.log,
               flush=True)
@@ -288,8 +289,8 @@ class Bench:
             f"{meta['backend']} (draft on {meta['draft_backend']})")
         where = f" {rpc_label(self.config.rpc)}" if self.config.rpc else ""
         amx = {True: "AMX in use", False: "AMX not in use", None: ""}[meta["amx_in_use"]]
-        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, backend "
-                f"{backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
+        return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, "
+                f"backend {backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}. CPU: {meta['cpu']}"
                 f"{'; ' + amx if amx else ''}; layout setting {meta['layout']}.")
 
@@ -301,7 +302,7 @@ def machine_facts(config: Config) -> dict[str, Any]:
 
     amx = None
     if "llama" in (config.backend, config.draft_backend_name):
-        from chatapp.backends.llama_cpp import amx_in_use
+        from chatapp.backends.llama_runtime import amx_in_use
 
         amx = amx_in_use()
     return {"cpu": cpu_description(), "amx_in_use": amx, "layout": config.layout}

@@ -2,10 +2,10 @@
 
 A speculation step feeds the target the last emitted token and K drafts (n = K + 1 tokens) and
 needs logits at every one of them. On a CPU that cost is not a smooth curve of n (llama.cpp's
-batched kernels work in blocks: on the README's 2-core EPYC 16 tokens cost less than 15), and it
-is what the ``auto`` policy learns per n while it runs. This command measures the whole curve at
-once, the way the engine evaluates: after a chat prompt, n tokens with logits for every
-position, the cache truncated back after each timing; the median of ``REPEATS`` timings. It
+batched kernels work in blocks: on the 2-core EPYC of docs/benchmarks.md 16 tokens cost less than
+15), and it is what the ``auto`` policy learns per n while it runs. This command measures the
+whole curve at once, the way the engine evaluates: after a chat prompt, n tokens with logits for
+every position, the cache truncated back after each timing; the median of ``REPEATS`` timings. It
 times every n up to twice the longest draft ``auto`` makes, and a few longer batches
 (``LONGER_SIZES``), says which size would gain most if every draft token were accepted (the most
 any speculation can give here) and prints the consecutive costs as ``drafter_replay``'s

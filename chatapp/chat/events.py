@@ -7,20 +7,20 @@ from the engine: the import contracts in pyproject.toml hold them to it.
 
 from chatapp.chat.turns import PlanEvent
 from chatapp.engine.events import (
-                                   DoneEvent,
-                                   Event,
-                                   FinishReason,
-                                   PromptEvent,
-                                   StepEvent,
-                                   TokenEvent,
-                                   TokenSource,
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    StepEvent,
+    TokenEvent,
+    TokenSource,
 )
 from chatapp.engine.stats import (
-                                   ReplayStats,
-                                   TurnStats,
-                                   decode_tokens_per_s,
-                                   format_summary,
-                                   is_target_only,
+    ReplayStats,
+    TurnStats,
+    decode_tokens_per_s,
+    format_summary,
+    is_target_only,
 )
 
 __all__ = ["DoneEvent", "Event", "FinishReason", "PlanEvent", "PromptEvent", "ReplayStats",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.chat.attachments import Attachment, message_text
+from chatapp.chat.finish import finish_text
 from chatapp.chat.history_schema import MIGRATIONS, SCHEMA_VERSION
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
@@ -357,8 +358,7 @@ def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
     for message in messages:
         heading = {"user": "You", "assistant": "Assistant", "system": "System"}[message.role]
         if message.finish_reason in ("cancelled", "error", "length"):
-            heading += {"cancelled": " (stopped)", "error": " (failed)",
-                        "length": " (cut at max tokens)"}[message.finish_reason]
+            heading += f" ({finish_text(message.finish_reason)})"
         lines += [f"## {heading}", "", message_text(message.content, message.attachments), ""]
         if message.stats is not None:
             lines += [f"> {turn_summary(message.stats, message.meta)}", ""]

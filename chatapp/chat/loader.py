@@ -59,8 +59,8 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
     if backend == "hf":
         from chatapp.backends.transformers_backend import TransformersBackend
 
-        return TransformersBackend(path, device=config.device, dtype=config.dtype, n_ctx=config.n_ctx,
-                                   threads=config.threads)
+        return TransformersBackend(path, device=config.device, dtype=config.dtype,
+                                   n_ctx=config.n_ctx, threads=config.threads)
     from chatapp.backends.llama_cpp import LlamaCppBackend
 
     return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,
@@ -69,7 +69,7 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
 def layout_plan(model: str, role: str, config: Config) -> LayoutPlan:
     """The weight layout ``model`` (an alias or a path) runs in as ``role`` on llama.cpp here."""
-    from chatapp.backends.llama_cpp import amx_in_use
+    from chatapp.backends.llama_runtime import amx_in_use
 
     spec = CATALOG.get(model)
     return plan_layout(spec.layouts(role) if spec else None, LayoutSetting(config.layout),
@@ -184,6 +184,6 @@ def runtime_notes(config: Config) -> tuple[str, ...]:
     """What the loaded backends ask to tell the user once (e.g. the AMX guard)."""
     if "llama" not in (config.backend, config.draft_backend_name):
         return ()
-    from chatapp.backends.llama_cpp import runtime_notes as llama_notes
+    from chatapp.backends.llama_runtime import runtime_notes as llama_notes
 
     return tuple(llama_notes())

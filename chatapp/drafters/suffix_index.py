@@ -16,9 +16,9 @@ Contracts:
 - Bounded: at most ``capacity`` tokens are indexed in all. Adding past it evicts whole chats,
   least recently touched first (never the one being added to); a single chat longer than the
   capacity keeps its latest ``capacity`` tokens. Each indexed token holds at most ``len(ORDERS)``
-  count entries, so memory is O(capacity): at most about 1.6 KB a token (measured with every
-  n-gram distinct, the worst case; tests/test_suffix_index.py checks it), 50 MB at the default
-  capacity.
+  count entries, so memory is O(capacity): at most about 2.2 KB a token (every n-gram distinct,
+  the worst case, after evictions; tests/test_suffix_index.py checks it), about 70 MB at the
+  default capacity.
 - ``remove_chat`` takes a chat's every count out (deleting a chat in the history removes its text
   from the index). The index lives in memory only and writes nothing: no chat's text reaches
   another chat's stored data. A proposal built from another chat's text only reaches a reply if
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 ORDERS = (2, 3, 4, 6, 8)  # n-gram sizes indexed, ascending
-DEFAULT_CAPACITY = 32768  # tokens indexed in all chats together (about 50 MB at most)
+DEFAULT_CAPACITY = 32768  # tokens indexed in all chats together (about 70 MB at most)
 MAX_PROPOSAL = 32  # longest proposal (a verbatim copy of a long span)
 MIN_SHARE = 0.5  # a chained token needs at least this share of what followed its n-gram
 MIN_CONFIDENCE = 0.3  # the chain stops when the product of its shares falls below this

@@ -26,9 +26,9 @@ from chatapp.engine.sampling import SamplingParams
 MODEL_SOURCE = "model"  # the draft model's proposals
 LONGEST_FREE_DRAFT = 16  # the longest draft of a source that costs nothing to ask (a lookup, the
 # edits, the suffix index), and how far ahead such a source scores itself. On the 2-core CPU of
-# the README verifying 16 tokens costs about 7.5 decode steps, less than 15 or 17 (llama.cpp's
-# batched kernels work in blocks). 32 (13 steps there) was measured no better on the code-edit
-# prompts and cost 4-6% in the policy simulation (tests/test_auto_simulation.py).
+# docs/benchmarks.md verifying 16 tokens costs about 7.5 decode steps, less than 15 or 17
+# (llama.cpp's batched kernels work in blocks). 32 (13 steps there) was measured no better on the
+# code-edit prompts and cost 4-6% in the policy simulation (tests/test_auto_simulation.py).
 
 
 @dataclass(frozen=True)

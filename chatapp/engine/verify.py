@@ -67,7 +67,8 @@ def _accepts(p_x: float, q_x: float, rng: np.random.Generator) -> bool:
 
 
 def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """norm(max(0, p - q)); falls back to p when the difference has no mass (p == q up to rounding)."""
+    """norm(max(0, p - q)); falls back to p when the difference has no mass (p == q up to
+    rounding)."""
     residual = np.maximum(p - q, 0.0)
     if residual.sum() <= 0.0:
         return p

@@ -8,9 +8,7 @@ all it knows of drafters and the engine.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
-from collections import deque
 from itertools import accumulate
 from typing import Any
 
@@ -22,23 +20,23 @@ from chatapp.engine.contracts import (
     StepOutcome,
     checked_draft_length,
 )
-from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
+from chatapp.policy.source_arm import SourceArm
 from chatapp.policy.verify_cost import VerifyCostModel
 
-LEARNT_VERSION = 3  # the layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
+# The layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
+LEARNT_VERSION = 3
 FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow
 # look-ahead (8 was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
 
 # Constants of the policy; nothing sets them at run time. The values are those the policy was
-# written and checked with: the simulated machines of tests/test_draft_policy.py (MODELS.md's 2-core
-# CPU costs, a flat GPU-like profile) and the bench on the default pair.
+# written and checked with: the simulated machines of tests/test_draft_policy.py and
+# tests/test_auto_simulation.py (a 2-core CPU's measured verification costs, a flat GPU-like
+# profile) and the bench on the default pair (docs/benchmarks.md).
 PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
-# 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts)
-UNVERIFIED_FORGET = 0.9  # per proposal, the same for positions after its first rejection: about
-# 10 first-token failures relax them to the positions before them (0.95 took 45: a source whose
-# deep positions were learnt on code kept drafting 15 tokens on prose, 0.85x plain decoding)
+# 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts; positions
+# after a proposal's first rejection forget faster: UNVERIFIED_FORGET in chatapp.policy.source_arm)
 TURN_FORGET = 0.5  # at a new reply, the weight of the draft model's acceptance learnt before it
 FREE_TURN_FORGET = 0.0  # and of a free source's: its proposals are scored at no cost, so it
 # relearns within a few steps (0.5 kept drafting 15 tokens learnt on code edits on the next prose
@@ -73,7 +71,7 @@ class AutoDraftLength:
       the cheap side, so that it is tried once and then known (``VerifyCostModel``); for a free
       source, while verifying never-timed n has lost at most ``EXPLORE_BUDGET`` of the time, an
       n between measured ones is guessed as cheap as the measured one below it, so that a batch
-      size cheaper than its neighbours (16 tokens on the README's CPU) is found;
+      size cheaper than its neighbours (16 tokens on the CPU of docs/benchmarks.md) is found;
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
 
     It drafts the K in 0..max_k (0..free_max_k for a source that scores itself for free: its
@@ -104,7 +102,7 @@ class AutoDraftLength:
     that were emitted) sends ``ShadowScore``s with its proposals; such a source learns its
     acceptance from those only, needs no exploring, counts as free to draft until timed, and the
     budget keeps ``consult`` set while it sits at K = 0 (asking it costs nothing), so it drafts
-    again as soon as its proposals start to match. Names in the description below are the module
+    again as soon as its proposals start to match. Names in the description above are the module
     constants (``prior_acceptance`` is ``PRIOR_ACCEPTANCE``, ...).
     """
 
@@ -127,7 +125,7 @@ class AutoDraftLength:
         self.explore_k = min(explore_k, self.max_k)
         self._verify = VerifyCostModel(self.free_max_k + 1, VERIFY_FORGET, VERIFY_SLOPE_PRIOR)
         self._lock = threading.RLock()
-        self._arms: dict[str, _Arm] = {}
+        self._arms: dict[str, SourceArm] = {}
         self._step = 0
         self._tokens = 0.0  # tokens emitted and seconds spent, forgetting by THROUGHPUT_FORGET
         self._seconds = 0.0
@@ -149,7 +147,8 @@ class AutoDraftLength:
                     self._decide(arm)
             if self._step - self._last_plain >= self.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
-                return DraftBudget.uniform(0)  # re-time plain decoding, the baseline of every choice
+                # re-time plain decoding, the baseline of every choice
+                return DraftBudget.uniform(0)
             by_source = {kind: self._wanted_k(arm) for kind, arm in arms.items()}
             consult = any(self._consulting(arm) for arm in arms.values())
             return DraftBudget(by_source, self.explore_k, consult)  # a new source is explored
@@ -231,7 +230,7 @@ class AutoDraftLength:
         verify.resume(learnt["verify"])
         arms = {}
         for kind, data in dict(learnt["arms"]).items():
-            arm = _Arm(self.explore_k, self.probe_every)
+            arm = SourceArm(self.explore_k, self.probe_every)
             arm.resume(data, self.explore_steps)
             arms[str(kind)] = arm
         with self._lock:
@@ -269,19 +268,19 @@ class AutoDraftLength:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _arm(self, kind: str) -> "_Arm":
+    def _arm(self, kind: str) -> SourceArm:
         arm = self._arms.get(kind)
         if arm is None:
-            arm = self._arms[kind] = _Arm(self.explore_k, self.probe_every)
+            arm = self._arms[kind] = SourceArm(self.explore_k, self.probe_every)
         return arm
 
-    def _exploring(self, arm: "_Arm") -> bool:
+    def _exploring(self, arm: SourceArm) -> bool:
         return not arm.shadowed and arm.drafted_steps < self.explore_steps
 
-    def _chosen_k(self, arm: "_Arm") -> int:
+    def _chosen_k(self, arm: SourceArm) -> int:
         return self.explore_k if self._exploring(arm) else arm.k
 
-    def _wanted_k(self, arm: "_Arm") -> int:
+    def _wanted_k(self, arm: SourceArm) -> int:
         """The K for the coming step: the choice, or a probe when one is due."""
         k = self._chosen_k(arm)
         if k > 0 or arm.probe_k == 0 or (arm.shadowed and arm.hopeful):
@@ -290,28 +289,28 @@ class AutoDraftLength:
             return arm.probe_k
         return 0
 
-    def _consulting(self, arm: "_Arm") -> bool:
+    def _consulting(self, arm: SourceArm) -> bool:
         """A shadowed kind at K = 0 that could pay again: the drafter is asked anyway, so that it
         scores its proposals for free and the kind drafts again as soon as they match."""
         return self._chosen_k(arm) == 0 and arm.probe_k > 0 and arm.shadowed and arm.hopeful
 
-    def _longest(self, arm: "_Arm") -> int:
+    def _longest(self, arm: SourceArm) -> int:
         """The longest draft ``arm`` may make: ``free_max_k`` for a source that scores itself for
         free (its one-hot proposals cost nothing to make, so only verification limits them),
         ``max_k`` for a draft model."""
         return self.free_max_k if arm.shadowed else self.max_k
 
-    def _acceptance(self, arm: "_Arm") -> list[float]:
+    def _acceptance(self, arm: SourceArm) -> list[float]:
         """Estimated acceptance at positions 1..``_longest(arm)``."""
         return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight)
 
-    def _rates(self, arm: "_Arm", acceptance: list[float]) -> list[float]:
+    def _rates(self, arm: SourceArm, acceptance: list[float]) -> list[float]:
         """Expected tokens per second of a step at K = 0..len(acceptance) (empty before any
         timing)."""
         outlook = self._outlook(arm, acceptance)
         return [tokens / seconds for tokens, seconds in zip(*outlook)]
 
-    def _outlook(self, arm: "_Arm", acceptance: list[float]) -> tuple[list[float], list[float]]:
+    def _outlook(self, arm: SourceArm, acceptance: list[float]) -> tuple[list[float], list[float]]:
         """Expected tokens and seconds of a step at K = 0..len(acceptance) (empty before any
         timing)."""
         longest = len(acceptance)
@@ -327,7 +326,7 @@ class AutoDraftLength:
         seconds = [max(k * draft + verify[k], 1e-9) for k in range(longest + 1)]
         return tokens, seconds
 
-    def _best_k(self, arm: "_Arm", acceptance: list[float]) -> tuple[int, list[float]]:
+    def _best_k(self, arm: SourceArm, acceptance: list[float]) -> tuple[int, list[float]]:
         """The K in 0..len(acceptance) to draft, and the rates of ``_rates``.
 
         Each K is worth the tokens it yields less what its time would yield at the throughput
@@ -359,7 +358,7 @@ class AutoDraftLength:
         """Tokens per second achieved over the recent steps (None before any timing)."""
         return self._tokens / self._seconds if self._seconds > 0.0 else None
 
-    def _decide(self, arm: "_Arm") -> None:
+    def _decide(self, arm: SourceArm) -> None:
         if self._exploring(arm) or self.max_k == 0:
             return
         acceptance = self._acceptance(arm)
@@ -398,106 +397,3 @@ def _prefix_products(values: list[float]) -> list[float]:
         product *= value
         out.append(product)
     return out
-
-
-class _Arm:
-    """What the policy knows about one source of drafts."""
-
-    def __init__(self, k: int, probe_every: int) -> None:
-        self.k = k
-        self.accepted: list[float] = []
-        self.verified: list[float] = []
-        self.costs: deque[float] = deque(maxlen=9)
-        self.drafted_steps = 0
-        self.last_drafted = 0
-        self.probe_k = 0
-        self.probe_interval = probe_every
-        self.hopeful = True  # drafting could pay if acceptance were high
-        self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
-        self.catchup: float | None = None  # extra draft seconds per step spent not drafting
-
-    def learnt(self) -> dict[str, Any]:
-        return {"accepted": list(self.accepted), "verified": list(self.verified),
-                "costs": list(self.costs), "catchup": self.catchup, "shadowed": self.shadowed,
-                "drafted_steps": self.drafted_steps}
-
-    def resume(self, data: dict[str, Any], explore_steps: int) -> None:
-        """Take ``learnt()`` data of an earlier run, its counts capped at ``RESUME_WEIGHT``."""
-        verified = non_negative_floats(data["verified"])
-        accepted = non_negative_floats(data["accepted"])
-        if len(accepted) != len(verified) or any(a > v for a, v in zip(accepted, verified)):
-            raise ValueError("accepted counts do not fit the verified counts")
-        most = max(verified, default=0.0)
-        scale = min(1.0, RESUME_WEIGHT / most) if most > 0.0 else 1.0
-        self.verified = [v * scale for v in verified]
-        self.accepted = [a * scale for a in accepted]
-        self.costs.extend(non_negative_floats(data["costs"])[-self.costs.maxlen:])
-        catchup = data["catchup"]
-        self.catchup = None if catchup is None else non_negative_floats([catchup])[0]
-        self.shadowed = bool(data["shadowed"])
-        self.drafted_steps = explore_steps if int(data["drafted_steps"]) > 0 else 0
-
-    def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
-                      step: int, stale_forget: float, catchup_prior: float) -> None:
-        """A step where this source drafted ``k`` tokens, ``accepted`` of them accepted.
-
-        After steps without drafting, the time beyond ``k`` typical tokens is the catch-up (per
-        idle step, averaged with what was known, ``catchup_prior`` x the per-token cost before
-        any: one step that happened to catch up cheaply must not open the way to probes that
-        catch up dearly); such a step's per-token cost is not typical and is not kept."""
-        self.drafted_steps += 1
-        if not self.shadowed:  # what was learnt before a stretch without drafting has aged
-            decay = stale_forget ** max(step - self.last_drafted - 1, 0)
-            self.verified = [decay * v for v in self.verified]
-            self.accepted = [decay * a for a in self.accepted]
-        per_token = max(draft_s, 0.0) / k
-        typical = self.draft_cost()
-        gap = step - self.last_drafted - 1
-        self.last_drafted = step
-        if typical is not None and gap > 0:
-            # A model drafter that sat idle first feeds what it missed: that excess, per step.
-            excess = max(0.0, draft_s - k * typical) / gap
-            known = catchup_prior * typical if self.catchup is None else self.catchup
-            self.catchup = 0.5 * known + 0.5 * excess
-        else:
-            self.costs.append(per_token)
-        if not self.shadowed:
-            self.count_acceptance(k, accepted, forget)
-
-    def count_acceptance(self, k: int, accepted: int, forget: float) -> None:
-        """Count a proposal of ``k`` tokens of which the first ``accepted`` passed. Position i is
-        verified when all before it passed; the positions after the first rejection were
-        proposed but not verified: their counts age by ``UNVERIFIED_FORGET``, faster than the
-        verified ones, so that what they say relaxes towards the positions before them within a
-        few steps (acceptance at 1 fell: the old rates at 2, 3, ... learnt on other text are
-        stale, and long drafts judged on them would keep failing at their first token)."""
-        while len(self.verified) < k:
-            self.verified.append(0.0)
-            self.accepted.append(0.0)
-        for i in range(k):
-            verified = i <= accepted
-            age = forget if verified else UNVERIFIED_FORGET
-            self.verified[i] = age * self.verified[i] + verified
-            self.accepted[i] = age * self.accepted[i] + (i < accepted)
-
-    def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:
-        rates, previous = [], prior
-        for i in range(max_k):
-            seen = self.verified[i] if i < len(self.verified) else 0.0
-            hits = self.accepted[i] if i < len(self.accepted) else 0.0
-            previous = (hits + weight * previous) / (seen + weight)
-            rates.append(previous)
-        return rates
-
-    def draft_cost(self) -> float | None:
-        return statistics.median(self.costs) if self.costs else None
-
-    def catchup_per_step(self, prior: float) -> float:
-        """Seconds a probe's drafter needs per step it sat idle (``prior`` x the draft cost per
-        token until measured; nothing for a drafter that scores itself for free)."""
-        if self.shadowed:
-            return 0.0
-        if self.catchup is not None:
-            return self.catchup
-        typical = self.draft_cost()
-        return prior * typical if typical is not None else 0.0

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from chatapp.policy.auto import AutoDraftLength
-from chatapp.user_files import private_dir, state_dir, write_private
+from chatapp.user_files import remember_json, state_dir
 
 
 def memory_path(setup: Sequence[str]) -> Path:
@@ -42,8 +42,4 @@ def recall(policy: AutoDraftLength, path: Path) -> bool:
 
 def remember(policy: AutoDraftLength, path: Path) -> None:
     """Write ``policy``'s measurements to ``path`` (atomically, 0600); failures are skipped."""
-    try:
-        private_dir(path.parent)
-        write_private(path, json.dumps(policy.learnt()).encode("utf-8"))
-    except OSError:
-        pass
+    remember_json(path, policy.learnt())

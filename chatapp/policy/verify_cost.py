@@ -21,9 +21,9 @@ class VerifyCostModel:
 
     Per n, a mean with exponential forgetting. No functional form is imposed on measured n: the
     cost need not grow with n (on the 2-core Xeon of issue 12 a 4-token batch costs 86 ms, a
-    3-token one 101; on the README's 2-core EPYC 16 tokens cost 238 ms, 15 cost 297 and 8 cost
-    208: llama.cpp's batched kernels work in blocks), so a measured n is predicted by its own
-    mean. An n not measured is predicted on the cheap side, so that the policy tries it and
+    3-token one 101; on the 2-core EPYC of docs/benchmarks.md 16 tokens cost 238 ms, 15 cost 297
+    and 8 cost 208: llama.cpp's batched kernels work in blocks), so a measured n is predicted by
+    its own mean. An n not measured is predicted on the cheap side, so that the policy tries it and
     learns, where erring on the dear side would never be corrected:
 
     - between two measured n, linearly interpolated (below the true cost where the cost is

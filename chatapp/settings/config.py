@@ -4,7 +4,8 @@
 (TOML syntax, an unknown key, a value of the wrong type or out of range) raises ``ConfigError``
 whose message names the file, the line and the key, and says what is allowed.
 
-Writing the settings back (the settings screen's "Save as defaults") is ``chatapp.settings.config_file``.
+Writing the settings back (the settings screen's "Save as defaults") is
+``chatapp.settings.config_file``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Writing the settings back to their TOML file (the settings screen's "Save as defaults").
 
 ``save_config(config, path)`` writes atomically, the file 0600, keeping a hand-edited file's
-comments and other lines; what it writes always loads back (``chatapp.settings.config.load_config``) as
-the same ``Config``.
+comments and other lines; what it writes always loads back
+(``chatapp.settings.config.load_config``) as the same ``Config``.
 """
 
 from __future__ import annotations

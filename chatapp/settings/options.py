@@ -1,8 +1,9 @@
 """Every setting's type, allowed values and error text, in one place.
 
 ``OPTIONS`` has one ``Option`` per ``Config`` field. Its three readers share the rules here:
-``chatapp.settings.config`` (the TOML file: ``from_toml``; a ``Config``: ``problems``), ``chatapp.cli``
-(argparse: ``arg_type``, ``choices``) and the Settings screen (its text fields: ``parse``).
+``chatapp.settings.config`` (the TOML file: ``from_toml``; a ``Config``: ``problems``),
+``chatapp.cli`` (argparse: ``arg_type``, ``choices``) and the Settings screen (its text fields:
+``parse``).
 Rules that tie several settings together (``rpc`` with ``backend`` and ``tensor_split``) are
 ``chatapp.settings.config``'s.
 

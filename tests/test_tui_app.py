@@ -8,9 +8,7 @@ import pytest
 
 from chatapp.backends.base import BackendError
 from chatapp.chat.history import HistoryStore
-from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent, TokenSource
-from chatapp.policy.fixed import FixedDraftLength
 from chatapp.settings.config import Config
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
 from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
@@ -146,32 +144,26 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
         assert views(app, "assistant")[0].k_label == "3→2"
 
 
-async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
-    class Adaptive:  # a policy without ``adjust``, like an auto policy
-        adaptive = True
-
-        def current_k(self) -> int:
-            return 5
-
-        def start_turn(self) -> None:
-            pass
-
-        def budget(self) -> DraftBudget:
-            return DraftBudget.uniform(5)
-
-        def observe(self, outcome) -> None:
-            pass
-
-    app = tui_make_app()
+async def test_the_k_keys_reach_the_conversation_and_the_status_shows_its_k(tui_make_app):
+    """ctrl+↓ / alt+↑ are the conversation's ``adjust_draft_length`` (what it does with an
+    adaptive policy: tests/test_chat.py), and the status line shows the K it returns at once."""
+    app = tui_make_app(config=Config(draft_length="auto", drafter="model", seed=0))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.chat.policy.replace(Adaptive())
-        app.update_status()
-        assert "K auto(5)" in str(app.query_one("#status").render())
+        deltas: list[int] = []
+        adjust = app.chat.adjust_draft_length
+
+        def recorded(delta: int) -> int:
+            deltas.append(delta)
+            return adjust(delta)
+
+        app.chat.adjust_draft_length = recorded
+        k = app.chat.policy.current_k()
+        assert f"K auto({k})" in str(app.query_one("#status").render())
         await pilot.press("ctrl+down")
-        assert isinstance(app.chat.policy.inner, FixedDraftLength)
-        assert app.chat.policy.budget().most == 4
-        assert "K 4" in str(app.query_one("#status").render())
+        assert deltas == [-1] and f"K {k - 1} " in str(app.query_one("#status").render())
+        await pilot.press("alt+up")
+        assert deltas == [-1, 1] and f"K {k} " in str(app.query_one("#status").render())
 
 
 async def test_escape_stops_the_reply_keeps_and_saves_it(tui_make_app, tmp_path):

@@ -1,5 +1,5 @@
 """One conversation end to end: its messages, their history rows, the turn lifecycle, the draft
-policy and its memory, reconfiguring and closing the models.
+length (``draft_length``), reconfiguring and closing the models.
 
 The chat app and ``specchat run`` each hold one ``Conversation`` and only call it; they render
 what it yields and never reach into the engine, the drafters, the backends or the history.
@@ -10,8 +10,8 @@ user message changed, the later turns replaced) returns a ``Turn``. A synchronou
 worker thread iterates ``stream(turn)`` there (one ``PlanEvent``, then the engine's events),
 applies every event in order with ``turn.apply`` on its own thread, and ends the turn with
 ``finish`` (done or stopped: the reply is saved) or ``fail`` (a reply with text is kept; one
-without is rolled back and the front end gives the user's text back). ``replay`` decodes a reply
-again at K = 0 to measure its real speedup.
+without is rolled back and the front end gives the user's text back). ``prepare_replay`` and
+``run_replay`` decode a reply again at K = 0 to measure its real speedup.
 
 Threads: ``stream`` and ``run_replay`` only run the models and are for a worker thread; every
 other method (``run`` included) runs on the caller's thread, the one that opened the history
@@ -25,25 +25,18 @@ import dataclasses
 import random
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import generation_settings, make_policy
+from chatapp.chat.loader import generation_settings
 from chatapp.chat.session import ChatSession, fallback_template_note
 from chatapp.chat.terminal_text import printable_line
-from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn, k_label
-from chatapp.engine.contracts import DraftPolicy
-from chatapp.engine.events import DoneEvent
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
-from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.fixed import FixedDraftLength, SwitchablePolicy
-from chatapp.policy.memory import memory_path, recall, remember
 from chatapp.settings.config import Config
 
 if TYPE_CHECKING:
@@ -74,9 +67,8 @@ class Conversation:
         self.history = history
         self.on_write_error = on_write_error
         self.session: ChatSession | None = None
-        self.policy = SwitchablePolicy(make_policy(config))
-        self._policy_from_config = True  # False once the user picked K another way
-        self._attached = False  # a pair of models was attached before
+        self.draft_length = DraftLength(config)
+        self.policy = self.draft_length.policy  # what every turn drafts with, for good
         self.chat_id: int | None = None
         self.entries: list[ChatEntry] = []
         self.turn: Turn | None = None  # the reply being made, in this chat or an earlier one
@@ -90,11 +82,7 @@ class Conversation:
     def attach(self, session: ChatSession) -> None:
         """Chat with ``session``'s models from now on."""
         self.session = session
-        if self._policy_from_config:
-            if self._attached:  # another pair: learnt afresh, or recalled
-                self.policy.replace(make_policy(self.config))
-            self._recall(self.policy.inner, self.config)
-        self._attached = True
+        self.draft_length.models_loaded(self.config)
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
         self._index_follows_chat()
@@ -118,64 +106,30 @@ class Conversation:
         """Use ``config`` from the next reply on; True when its models must be loaded again."""
         old, self.config = self.config, config
         if config.draft_length != old.draft_length:
-            self._install_policy(config)
+            self.draft_length.configure(config, loaded=self.session is not None)
         if self.session is not None:
             self.session.configure(generation_settings(config), config.system_prompt)
             if config.seed is not None and config.seed != old.seed:
                 self.session.reseed(config.seed)
         return any(getattr(old, name) != getattr(config, name) for name in RELOAD_FIELDS)
 
-    # -- the draft policy -----------------------------------------------------------------------
+    # -- the draft length ------------------------------------------------------------------------
 
     @property
     def k_label(self) -> str:
         """The draft length in force, as the front ends show it ("3", "auto(4)")."""
-        return k_label(self.policy.current_k(), self.policy.adaptive)
+        return self.draft_length.label
 
     def adjust_draft_length(self, delta: int) -> int:
         """K + ``delta`` (an adaptive policy becomes a fixed K); returns the K now in force."""
-        current = self.turn.last_k if self.turn is not None else None
-        before = self.policy.inner
-        k = self.policy.adjust(delta, current)
-        if self.policy.inner is not before:
-            self._policy_changed()
-        return k
+        return self.draft_length.adjust(delta, self.turn.last_k if self.turn else None)
 
     def set_draft_length(self, k: int) -> None:
-        before = self.policy.inner
-        self.policy.set(k)
-        if self.policy.inner is not before:
-            self._policy_changed()
+        self.draft_length.set(k)
 
     def set_auto_draft_length(self) -> None:
-        self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
-
-    def _install_policy(self, config: Config) -> None:
-        self._policy_changed()
-        self.policy.replace(self._configured_policy(config))
-        self._policy_from_config = self.session is None
-
-    def _configured_policy(self, config: Config) -> DraftPolicy:
-        """``make_policy``; once the models are loaded, an auto policy starts from what the last
-        run on this machine and pair measured (``chatapp.policy.memory``)."""
-        policy = make_policy(config)
-        if self.session is not None:
-            self._recall(policy, config)
-        return policy
-
-    @staticmethod
-    def _recall(policy: DraftPolicy, config: Config) -> None:
-        """An auto policy starts from what the last run with ``config``'s pair measured."""
-        if isinstance(policy, AutoDraftLength):
-            recall(policy, memory_path(config.measured_setup()))
-
-    def _policy_changed(self) -> None:
-        """The policy in force no longer follows the configuration."""
-        self._policy_from_config = False
-
-    def _remember_policy(self) -> None:
-        if isinstance(self.policy.inner, AutoDraftLength):
-            remember(self.policy.inner, memory_path(self.config.measured_setup()))
+        auto = dataclasses.replace(self.config, draft_length="auto")
+        self.draft_length.configure(auto, loaded=self.session is not None)
 
     # -- chats ----------------------------------------------------------------------------------
 
@@ -340,7 +294,7 @@ class Conversation:
         if self.turn is turn:
             self.turn = None
         if finish_reason != "error":
-            self._remember_policy()
+            self.draft_length.remember(self.config)
         if is_target_only(stats) and stats.tokens >= MIN_BASELINE_TOKENS:
             self.baseline_tps = decode_tokens_per_s(stats)
         return entry
@@ -437,18 +391,10 @@ class Conversation:
     def run_replay(self, job: ReplayJob) -> ReplayStats | None:
         """(Worker thread.) Decode ``job``'s prompt with the target alone; None if stopped. The
         session's random generator is left alone, so later replies are as they would have been."""
-        session = self._require_session()
-        plan = session.plan_prompt(job.messages)
-        settings = replace(session.settings, max_tokens=job.tokens)
-        rng = np.random.default_rng(session.seed)
-        for event in session.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
-                                             job.cancel):
-            if isinstance(event, DoneEvent):
-                if job.cancel.is_set():
-                    return None
-                return ReplayStats(decode_tokens_per_s(event.stats), job.speculative_tps,
-                                   event.stats.tokens)
-        return None
+        stats = self._require_session().decode_alone(job.messages, job.tokens, job.cancel)
+        if stats is None:
+            return None
+        return ReplayStats(decode_tokens_per_s(stats), job.speculative_tps, stats.tokens)
 
     def end_replay(self, job: ReplayJob, result: ReplayStats | None) -> None:
         """The replay is over: keep its measurement with the reply's statistics."""

@@ -143,7 +143,7 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     new = conversation.chat_id
     assert new is not None and index.chat == new
     assert set(index.corpus.chats()) == {old, new} and len(index.corpus.document(new)) > 0
-    conversation.delete_chat(old)
+    conversation.chats.delete(old)
     assert history.get_chat(old) is None and index.corpus.chats() == [new]
     conversation.open_chat(old := history.create_chat("another", "d", "t"))
     assert index.chat == old

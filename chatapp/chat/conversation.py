@@ -2,7 +2,8 @@
 length (``draft_length``), reconfiguring and closing the models.
 
 The chat app and ``specchat run`` each hold one ``Conversation`` and only call it; they render
-what it yields and never reach into the engine, the drafters, the backends or the history.
+what it yields and never reach into the engine, the drafters, the backends or the history: the
+saved chats are ``chats`` (``chatapp.chat.chats.SavedChats``: list, rename, delete, export).
 
 A turn: ``begin`` (a new user message), ``regenerate`` (the last reply again) or ``edit`` (a past
 user message changed, the later turns replaced) returns a ``Turn``. A synchronous caller
@@ -23,16 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sqlite3
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.chats import SavedChats, chat_title
 from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.loader import generation_settings
 from chatapp.chat.session import ChatSession, fallback_template_note
-from chatapp.chat.terminal_text import printable_line
 from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
@@ -47,25 +47,22 @@ RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ct
                  "gpu_layers", "device", "dtype", "rpc", "tensor_split")
 # A target-only turn shorter than this is too noisy to be the speedup baseline.
 MIN_BASELINE_TOKENS = 8
-TITLE_LENGTH = 60
 
 
 class ChatActionError(UserFacingError):
     """A chat action that cannot be done now (nothing to regenerate, a reply is streaming...)."""
 
 
-def _ignore(message: str) -> None:
-    """The default ``on_write_error``: say nothing."""
-
-
 class Conversation:
     """One chat and the models that answer in it (see the module docstring for the contract)."""
 
     def __init__(self, config: Config, history: HistoryStore | None = None, *,
-                 on_write_error: Callable[[str], None] = _ignore) -> None:
+                 on_write_error: Callable[[str], None] | None = None) -> None:
+        """``history``: where the chats are saved (None: nowhere, unless ``chats.open`` opens
+        one); ``on_write_error``: told when a write to it failed (the chat goes on)."""
         self.config = config
-        self.history = history
-        self.on_write_error = on_write_error
+        self.chats = SavedChats(history, on_write_error=on_write_error,
+                                on_delete=self._index_forgets)
         self.session: ChatSession | None = None
         self.draft_length = DraftLength(config)
         self.policy = self.draft_length.policy  # what every turn drafts with, for good
@@ -145,11 +142,10 @@ class Conversation:
         self.entries = [ChatEntry.from_stored(m) for m in stored]
         return self.entries
 
-    def delete_chat(self, chat_id: int) -> None:
-        """Delete chat ``chat_id`` from the history and from the drafter's index of it."""
-        if self.history is not None:
-            self.history.delete_chat(chat_id)
-        self._index_forgets(chat_id)
+    @property
+    def history(self) -> HistoryStore | None:
+        """The store behind ``chats`` (for this layer and tests; front ends use ``chats``)."""
+        return self.chats.store
 
     @property
     def _history_index(self) -> SuffixSource | None:
@@ -204,20 +200,9 @@ class Conversation:
         self._check_idle()
         if entry not in self.entries or entry.role != "user":
             raise ChatActionError("Only your own messages of this chat can be edited.")
-        backup = self._keep_before_edit(entry)
+        backup = self.chats.keep_before_edit(self.chat_id, entry.message_id)
         del self.entries[self.entries.index(entry):]
         return self.begin(text), backup
-
-    def _keep_before_edit(self, entry: ChatEntry) -> str:
-        """Copy the chat to "<title> (before edit)" and cut it at ``entry``; returns the title."""
-        if self.history is None or self.chat_id is None or entry.message_id is None:
-            return ""
-        chat = self.history.get_chat(self.chat_id)
-        title = f"{chat.title if chat else 'Chat'} (before edit)"
-        if self._write(self.history.copy_chat, self.chat_id, title) is None:
-            return ""
-        self._write(self.history.delete_messages_from, entry.message_id)
-        return title
 
     def _check_idle(self) -> None:
         self._require_session()
@@ -317,10 +302,10 @@ class Conversation:
         if current and entry in self.entries:
             self.entries.remove(entry)
         if self.history is not None and entry is not None and entry.message_id is not None:
-            self._write(self.history.delete_message, entry.message_id)
+            self.chats.write(self.history.delete_message, entry.message_id)
             chat = self.history.get_chat(turn.chat_id) if turn.chat_id is not None else None
             if chat is not None and chat.message_count == 0:
-                self._write(self.history.delete_chat, chat.id)
+                self.chats.write(self.history.delete_chat, chat.id)
                 self._index_forgets(chat.id)
                 if self.chat_id == chat.id:
                     self.chat_id = None
@@ -339,13 +324,13 @@ class Conversation:
         if self.history is None:
             return None
         if self.chat_id is None:
-            title = printable_line(text)[:TITLE_LENGTH]
-            self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
+            title = chat_title(text)
+            self.chat_id = self.chats.write(self.history.create_chat, title, self.config.draft,
                                        self.config.target)
             if self.chat_id is None:
                 return None
             self._index_follows_chat()  # the text so far becomes this chat's
-        return self._write(self.history.add_message, self.chat_id, "user", text)
+        return self.chats.write(self.history.add_message, self.chat_id, "user", text)
 
     def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
         turn.meta["k"] = turn.k_label()
@@ -355,21 +340,11 @@ class Conversation:
             return entry
         turn.saved = True
         if turn.replaces is not None and turn.replaces.message_id is not None:
-            self._write(self.history.delete_message, turn.replaces.message_id)
-        entry.message_id = self._write(
+            self.chats.write(self.history.delete_message, turn.replaces.message_id)
+        entry.message_id = self.chats.write(
             self.history.add_message, turn.chat_id, "assistant", turn.text, runs=turn.pieces,
             finish_reason=finish_reason, stats=stats, meta=turn.meta)
         return entry
-
-    def _write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A history write; a failure (disk full, file gone) is reported, never fatal."""
-        try:
-            return write(*args, **kwargs)
-        except (sqlite3.Error, OSError) as error:
-            where = self.history.path if self.history is not None else "the history"
-            self.on_write_error(f"Could not save to the history at {where}: {error}. The chat "
-                                "goes on unsaved.")
-            return None
 
     # -- replay at K = 0 ------------------------------------------------------------------------
 
@@ -404,7 +379,7 @@ class Conversation:
             return
         job.entry.meta["replay"] = result.to_json()
         if self.history is not None and job.entry.message_id is not None:
-            self._write(self.history.set_turn_meta, job.entry.message_id, job.entry.meta)
+            self.chats.write(self.history.set_turn_meta, job.entry.message_id, job.entry.meta)
 
     # -- the end --------------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""The saved chats, as a conversation and its front end reach them: listed, renamed, deleted and
+exported here, never through the history store itself.
+
+``SavedChats`` stands in front of a ``chatapp.chat.history.HistoryStore``, or of none (a session
+whose history could not be opened saves nothing and lists no chat). A conversation holds one as
+``Conversation.chats`` and makes its own writes through ``write``, which reports a failed write
+through ``on_write_error`` instead of raising: a full disk never stops a chat. What the user asks
+for and cannot have (a rename to an empty title, an export to a folder that cannot be written,
+any action without a history) raises a ``UserFacingError`` that says what to do.
+
+Threads: SQLite keeps a connection on the thread that opened it; every method runs there.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from chatapp.chat.history import ChatSummary, HistoryStore
+from chatapp.chat.terminal_text import printable_line
+from chatapp.errors import UserFacingError
+
+__all__ = ["TITLE_LENGTH", "ChatSummary", "ChatsError", "SavedChats", "chat_title"]
+
+# The longest title a chat gets from its first message or a rename.
+TITLE_LENGTH = 60
+
+
+class ChatsError(UserFacingError):
+    """A chat action that cannot be done: no history, an empty title, an export that failed."""
+
+
+def chat_title(text: str) -> str:
+    """The title of a chat made from ``text``: printable, on one line (each run of whitespace one
+    space), cut at ``TITLE_LENGTH`` characters."""
+    return printable_line(text)[:TITLE_LENGTH]
+
+
+def _ignore(message: str) -> None:
+    """The default ``on_write_error``: say nothing."""
+
+
+def _forget(chat_id: int) -> None:
+    """The default ``on_delete``: nothing else keeps chats."""
+
+
+class SavedChats:
+    """The chats of one history (see the module docstring). ``on_delete(chat_id)`` runs after a
+    chat was deleted, for whatever else keeps it (the drafter's index of the history)."""
+
+    def __init__(self, store: HistoryStore | None = None, *,
+                 on_write_error: Callable[[str], None] | None = None,
+                 on_delete: Callable[[int], None] = _forget) -> None:
+        self.store = store
+        self.on_write_error = on_write_error or _ignore
+        self.on_delete = on_delete
+
+    def open(self, path: Path | None = None) -> None:
+        """Open the history at ``path`` (None: the default place); a ``UserFacingError`` says
+        why it cannot be opened, and the chats stay unavailable then."""
+        self.store = HistoryStore(path)
+
+    def close(self) -> None:
+        """Close the history; the chats are unavailable from now on."""
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+
+    @property
+    def available(self) -> bool:
+        return self.store is not None
+
+    def list(self) -> list[ChatSummary]:
+        """Every saved chat, the most recently used first (none without a history)."""
+        return self.store.list_chats() if self.store is not None else []
+
+    def latest(self) -> int | None:
+        """The id of the chat used last, None when there is none."""
+        chats = self.list()
+        return chats[0].id if chats else None
+
+    def get(self, chat_id: int) -> ChatSummary | None:
+        """Chat ``chat_id``, None when it does not exist (or was deleted)."""
+        return self.store.get_chat(chat_id) if self.store is not None else None
+
+    def rename(self, chat_id: int, title: str) -> str:
+        """Give chat ``chat_id`` the title ``title`` (as ``chat_title`` makes it, without spaces
+        at its ends); returns the title stored."""
+        store = self._require()
+        title = chat_title(title).strip()
+        if not title:
+            raise ChatsError("A chat needs a title: type one, or press Esc to keep the old one.")
+        if store.get_chat(chat_id) is None:
+            raise ChatsError(f"There is no chat {chat_id} any more: it was deleted.")
+        self._act("rename", store.rename_chat, chat_id, title)
+        return title
+
+    def delete(self, chat_id: int) -> None:
+        """Delete chat ``chat_id`` for good, from the history and from ``on_delete``'s keeper."""
+        store = self._require()
+        self._act("delete", store.delete_chat, chat_id)
+        self.on_delete(chat_id)
+
+    def export(self, chat_id: int, directory: Path | None = None) -> Path:
+        """Write chat ``chat_id`` as Markdown into ``directory`` (None: the documents folder);
+        returns the file's path."""
+        store = self._require()
+        try:
+            return store.export_markdown(chat_id, directory)
+        except (OSError, sqlite3.Error) as error:
+            raise ChatsError(f"Could not export the chat: {error}. Check that the folder "
+                             "exists and can be written.") from error
+
+    def keep_before_edit(self, chat_id: int | None, message_id: int | None) -> str:
+        """Copy chat ``chat_id`` as "<its title> (before edit)", then cut it from message
+        ``message_id`` on (an edit replaces them); returns the copy's title, "" when nothing was
+        kept (no history, a chat or a message never saved, a failed write)."""
+        if self.store is None or chat_id is None or message_id is None:
+            return ""
+        chat = self.store.get_chat(chat_id)
+        title = f"{chat.title if chat else 'Chat'} (before edit)"
+        if self.write(self.store.copy_chat, chat_id, title) is None:
+            return ""
+        self.write(self.store.delete_messages_from, message_id)
+        return title
+
+    def write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``write(*args, **kwargs)``, a history write: its result, or None when it failed (the
+        failure reported through ``on_write_error``, never raised)."""
+        try:
+            return write(*args, **kwargs)
+        except (sqlite3.Error, OSError) as error:
+            where = self.store.path if self.store is not None else "the history"
+            self.on_write_error(f"Could not save to the history at {where}: {error}. The chat "
+                                "goes on unsaved.")
+            return None
+
+    def _act(self, what: str, change: Callable[..., Any], *args: Any) -> None:
+        """A change the user asked for: a failure is raised, with where the history is."""
+        try:
+            change(*args)
+        except (sqlite3.Error, OSError) as error:
+            where = self.store.path if self.store is not None else "the history"
+            raise ChatsError(f"Could not {what} the chat in the history at {where}: {error}. "
+                             "Check that the disk has room and the file can be written.") from error
+
+    def _require(self) -> HistoryStore:
+        if self.store is None:
+            raise ChatsError("The history is not available in this session: the chats cannot "
+                             "be listed or changed. Restart specchat once its data folder can "
+                             "be written.")
+        return self.store

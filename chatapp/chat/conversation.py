@@ -325,8 +325,8 @@ class Conversation:
             return None
         if self.chat_id is None:
             title = chat_title(text)
-            self.chat_id = self.chats.write(self.history.create_chat, title, self.config.draft,
-                                       self.config.target)
+            self.chat_id = self.chats.write(self.history.create_chat, title,
+                                            self.config.draft, self.config.target)
             if self.chat_id is None:
                 return None
             self._index_follows_chat()  # the text so far becomes this chat's

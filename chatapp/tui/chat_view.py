@@ -181,6 +181,7 @@ class ChatView(Vertical):
         view.add_class("-queued")
         self.message_list.add(view)
         self.notify("Sending as soon as the models are loaded.", timeout=4)
+        self._changed()  # Esc takes it back
 
     def _unqueue_pending(self) -> None:
         text, self.pending = self.pending or "", None

@@ -512,7 +512,9 @@ async def test_r_in_the_chats_screen_renames_the_highlighted_chat(tui_make_app):
         await send(pilot, "name me later")
         await reply_done(pilot)
         chat_id = app.chat.chat_id
-        await pilot.press("ctrl+o", "r")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("r")
         await pilot.pause()
         assert isinstance(app.screen, TitleDialog)
         assert app.screen.query_one(Input).value == "name me later"
@@ -524,10 +526,14 @@ async def test_r_in_the_chats_screen_renames_the_highlighted_chat(tui_make_app):
         listed = chats.query_one(OptionList).get_option_at_index(0).prompt
         assert listed.plain.startswith("Trip plans  (open)")
         assert "Renamed to Trip plans." in str(chats.query_one("#chats-status").render())
-        await pilot.press("r", "end", "ctrl+u", *"Other", "escape")
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("end", "ctrl+u", *"Other", "escape")
         await pilot.pause()
         assert app.screen is chats and app.chat.chats.get(chat_id).title == "Trip plans"
-        await pilot.press("r", "end", "ctrl+u", "enter")
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("end", "ctrl+u", "enter")
         await pilot.pause()
         assert app.screen is chats and app.chat.chats.get(chat_id).title == "Trip plans"
         assert "needs a title" in str(chats.query_one("#chats-status").render())

@@ -25,8 +25,8 @@ def test_rename_stores_a_clean_title_and_the_list_shows_it(chats):
     second = chats.store.create_chat("second", "d", "t", now=2.0)
     assert [c.id for c in chats.list()] == [second, first] and chats.latest() == second
     assert chats.rename(first, "  Plans\tfor\x1b[31m May \n and more ") == (
-        "Plans for ␛[31m May and more")
-    assert chats.get(first).title == "Plans for ␛[31m May and more"
+        "Plans for␛[31m May and more")
+    assert chats.get(first).title == "Plans for␛[31m May and more"
     assert chats.get(second).title == "second"
     assert chats.rename(first, "x" * 200) == "x" * TITLE_LENGTH
     assert chats.rename(first, "y" * (TITLE_LENGTH - 1) + " z") == "y" * (TITLE_LENGTH - 1)

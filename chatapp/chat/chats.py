@@ -92,7 +92,7 @@ class SavedChats:
         title = chat_title(title).strip()
         if not title:
             raise ChatsError("A chat needs a title: type one, or press Esc to keep the old one.")
-        if store.get_chat(chat_id) is None:
+        if self._act("rename", store.get_chat, chat_id) is None:
             raise ChatsError(f"There is no chat {chat_id} any more: it was deleted.")
         self._act("rename", store.rename_chat, chat_id, title)
         return title
@@ -137,10 +137,11 @@ class SavedChats:
                                 "goes on unsaved.")
             return None
 
-    def _act(self, what: str, change: Callable[..., Any], *args: Any) -> None:
-        """A change the user asked for: a failure is raised, with where the history is."""
+    def _act(self, what: str, action: Callable[..., Any], *args: Any) -> Any:
+        """``action(*args)``, part of what the user asked for: its result; a failure is raised,
+        with where the history is."""
         try:
-            change(*args)
+            return action(*args)
         except (sqlite3.Error, OSError) as error:
             where = self.store.path if self.store is not None else "the history"
             raise ChatsError(f"Could not {what} the chat in the history at {where}: {error}. "

@@ -160,8 +160,10 @@ def test_k_plus_or_minus_one_turns_an_adaptive_policy_into_a_fixed_k_that_stays(
     assert chat.policy.adaptive and chat.k_label == f"auto({chosen})"
     assert chat.adjust_draft_length(-1) == chosen - 1
     assert isinstance(chat.policy.inner, FixedDraftLength) and chat.k_label == str(chosen - 1)
-    chat.attach(tui_fake_factory()(config, lambda *_: None))  # the user's K outlives a load
-    assert chat.k_label == str(chosen - 1)
+    for _load in range(2):  # the user's K outlives a load, and the load of another pair
+        chat.release()
+        chat.attach(tui_fake_factory()(config, lambda *_: None))
+        assert chat.k_label == str(chosen - 1)
     chat.set_auto_draft_length()
     assert chat.policy.adaptive and chat.k_label.startswith("auto(")
     turn = chat.begin("hello")

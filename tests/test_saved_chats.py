@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from chatapp.chat.chats import TITLE_LENGTH, ChatsError, SavedChats, chat_title
+from chatapp.chat.chats import TITLE_LENGTH, ChatsError, NoSuchChat, SavedChats, chat_title
 from chatapp.chat.history import HistoryStore
 from chatapp.errors import UserFacingError
 
@@ -23,7 +23,7 @@ def chats(tmp_path):
 def test_rename_stores_a_clean_title_and_the_list_shows_it(chats):
     first = chats.store.create_chat("first", "d", "t", now=1.0)
     second = chats.store.create_chat("second", "d", "t", now=2.0)
-    assert [c.id for c in chats.list()] == [second, first] and chats.latest() == second
+    assert [c.id for c in chats.list_chats()] == [second, first] and chats.latest() == second
     assert chats.rename(first, "  Plans\tfor\x1b[31m May \n and more ") == (
         "Plans for␛[31m May and more")
     assert chats.get(first).title == "Plans for␛[31m May and more"
@@ -39,7 +39,7 @@ def test_rename_refuses_an_empty_title_and_a_deleted_chat(chats):
         chats.rename(chat, " \n ")
     assert chats.get(chat).title == "kept"
     chats.delete(chat)
-    with pytest.raises(ChatsError, match="deleted"):
+    with pytest.raises(NoSuchChat, match=f"no chat {chat} in the history at"):
         chats.rename(chat, "too late")
 
 
@@ -49,7 +49,7 @@ def test_delete_tells_the_other_keeper_and_a_failed_write_is_an_error_to_show(tm
     chats = SavedChats(store, on_delete=forgotten.append)
     chat = store.create_chat("gone soon", "d", "t")
     chats.delete(chat)
-    assert chats.get(chat) is None and forgotten == [chat]
+    assert not chats.exists(chat) and forgotten == [chat]
     other = store.create_chat("other", "d", "t")
     store._db.close()  # as if the disk went away
     with pytest.raises(ChatsError, match="Could not rename the chat in the history at"):
@@ -75,14 +75,14 @@ def test_a_failed_conversation_write_is_reported_and_returns_none(tmp_path):
 def test_export_writes_markdown_and_says_what_went_wrong(chats, tmp_path):
     chat = chats.store.create_chat("Export me", "d", "t")
     chats.store.add_message(chat, "user", "hello")
-    path = chats.export(chat, tmp_path / "out")
+    path = chats.export_markdown(chat, tmp_path / "out")
     assert path.parent == tmp_path / "out" and "## You\n\nhello" in path.read_text()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(ChatsError, match="Could not export the chat: .*can be written"):
-        chats.export(chat, blocker / "out")
+        chats.export_markdown(chat, blocker / "out")
     with pytest.raises(UserFacingError, match=f"no chat {chat + 1}"):
-        chats.export(chat + 1, tmp_path / "out")
+        chats.export_markdown(chat + 1, tmp_path / "out")
 
 
 def test_the_edit_backup_copies_the_chat_then_cuts_it(chats):
@@ -91,7 +91,7 @@ def test_the_edit_backup_copies_the_chat_then_cuts_it(chats):
     cut = chats.store.add_message(chat, "assistant", "upon")
     chats.store.add_message(chat, "user", "a time")
     assert chats.keep_before_edit(chat, cut) == "Story (before edit)"
-    backup = next(c for c in chats.list() if c.title == "Story (before edit)")
+    backup = next(c for c in chats.list_chats() if c.title == "Story (before edit)")
     assert [m.content for m in chats.store.messages(backup.id)] == ["once", "upon", "a time"]
     assert [m.content for m in chats.store.messages(chat)] == ["once"]
     assert chats.keep_before_edit(chat, None) == "" and chats.keep_before_edit(None, cut) == ""
@@ -99,10 +99,10 @@ def test_the_edit_backup_copies_the_chat_then_cuts_it(chats):
 
 def test_without_a_history_nothing_is_listed_and_actions_say_why(tmp_path):
     chats = SavedChats()
-    assert not chats.available and chats.list() == [] and chats.latest() is None
-    assert chats.get(1) is None and chats.keep_before_edit(1, 1) == ""
-    for action in (lambda: chats.rename(1, "t"), lambda: chats.delete(1),
-                   lambda: chats.export(1, tmp_path)):
+    assert not chats.available and chats.list_chats() == [] and chats.latest() is None
+    assert not chats.exists(1) and chats.keep_before_edit(1, 1) == ""
+    for action in (lambda: chats.get(1), lambda: chats.rename(1, "t"), lambda: chats.delete(1),
+                   lambda: chats.export_markdown(1, tmp_path)):
         with pytest.raises(ChatsError, match="history is not available"):
             action()
     blocker = tmp_path / "not-a-dir"

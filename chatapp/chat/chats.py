@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chatapp.chat.history import ChatSummary, HistoryStore
+from chatapp.chat.history import ChatSummary, HistoryError, HistoryStore
 from chatapp.chat.terminal_text import printable_line
 from chatapp.errors import UserFacingError
 
-__all__ = ["TITLE_LENGTH", "ChatSummary", "ChatsError", "SavedChats", "chat_title"]
+__all__ = ["TITLE_LENGTH", "ChatSummary", "ChatsError", "NoSuchChat", "SavedChats", "chat_title"]
 
 # The longest title a chat gets from its first message or a rename.
 TITLE_LENGTH = 60
@@ -30,6 +30,10 @@ TITLE_LENGTH = 60
 
 class ChatsError(UserFacingError):
     """A chat action that cannot be done: no history, an empty title, an export that failed."""
+
+
+class NoSuchChat(HistoryError):
+    """A chat id that is not in the history (never was, or was deleted)."""
 
 
 def chat_title(text: str) -> str:
@@ -72,18 +76,27 @@ class SavedChats:
     def available(self) -> bool:
         return self.store is not None
 
-    def list(self) -> list[ChatSummary]:
+    def list_chats(self) -> list[ChatSummary]:
         """Every saved chat, the most recently used first (none without a history)."""
         return self.store.list_chats() if self.store is not None else []
 
     def latest(self) -> int | None:
         """The id of the chat used last, None when there is none."""
-        chats = self.list()
+        chats = self.list_chats()
         return chats[0].id if chats else None
 
-    def get(self, chat_id: int) -> ChatSummary | None:
-        """Chat ``chat_id``, None when it does not exist (or was deleted)."""
-        return self.store.get_chat(chat_id) if self.store is not None else None
+    def exists(self, chat_id: int) -> bool:
+        """Whether chat ``chat_id`` is saved (False once deleted, and without a history)."""
+        return self.store is not None and self.store.get_chat(chat_id) is not None
+
+    def get(self, chat_id: int, purpose: str = "read") -> ChatSummary:
+        """Chat ``chat_id``; ``NoSuchChat`` when there is none, a ``ChatsError`` naming
+        ``purpose`` when the history cannot be read."""
+        store = self._require()
+        chat = self._act(purpose, store.get_chat, chat_id)
+        if chat is None:
+            raise NoSuchChat(f"There is no chat {chat_id} in the history at {store.path}.")
+        return chat
 
     def rename(self, chat_id: int, title: str) -> str:
         """Give chat ``chat_id`` the title ``title`` (as ``chat_title`` makes it, without spaces
@@ -92,8 +105,7 @@ class SavedChats:
         title = chat_title(title).strip()
         if not title:
             raise ChatsError("A chat needs a title: type one, or press Esc to keep the old one.")
-        if self._act("rename", store.get_chat, chat_id) is None:
-            raise ChatsError(f"There is no chat {chat_id} any more: it was deleted.")
+        self.get(chat_id, "rename")
         self._act("rename", store.rename_chat, chat_id, title)
         return title
 
@@ -103,9 +115,9 @@ class SavedChats:
         self._act("delete", store.delete_chat, chat_id)
         self.on_delete(chat_id)
 
-    def export(self, chat_id: int, directory: Path | None = None) -> Path:
-        """Write chat ``chat_id`` as Markdown into ``directory`` (None: the documents folder);
-        returns the file's path."""
+    def export_markdown(self, chat_id: int, directory: Path | None = None) -> Path:
+        """Write chat ``chat_id`` as Markdown into a file of its own in ``directory`` (None:
+        the documents folder); returns the file's path."""
         store = self._require()
         try:
             return store.export_markdown(chat_id, directory)
@@ -145,7 +157,7 @@ class SavedChats:
         except (sqlite3.Error, OSError) as error:
             where = self.store.path if self.store is not None else "the history"
             raise ChatsError(f"Could not {what} the chat in the history at {where}: {error}. "
-                             "Check that the disk has room and the file can be written.") from error
+                             "Check that the file is still there and its disk has room.") from error
 
     def _require(self) -> HistoryStore:
         if self.store is None:

@@ -291,7 +291,7 @@ class SpecChatApp(App[int]):
 
     async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
         chat_id = self.chat.chat_id
-        deleted = chat_id is not None and self.chat.chats.get(chat_id) is None
+        deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
         if result is not None and result[0] == "open":
             await self.chat_view.open_chat(result[1])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
@@ -303,7 +303,7 @@ class SpecChatApp(App[int]):
             self.notify("Nothing to export yet: send a message first.", severity="warning")
             return
         try:
-            path = self.chat.chats.export(chat_id, self.export_dir)
+            path = self.chat.chats.export_markdown(chat_id, self.export_dir)
         except UserFacingError as error:
             self.notify(str(error), severity="error", markup=False)
             return

@@ -263,7 +263,7 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def refresh_list(self, highlight: int | None = None) -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        chats = self.chats.list()
+        chats = self.chats.list_chats()
         for chat in chats:
             options.add_option(Option(self._describe(chat), id=str(chat.id)))
         if not chats:
@@ -310,10 +310,14 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def action_rename(self) -> None:
         """Ask for a new title for the highlighted chat, then give it that title."""
         chat_id = self._highlighted_chat()
-        chat = self.chats.get(chat_id) if chat_id is not None else None
-        if chat is None:
+        if chat_id is None:
             return
         self._armed_delete = None
+        try:
+            chat = self.chats.get(chat_id)
+        except UserFacingError as error:
+            self._say(str(error))
+            return
 
         def renamed(title: str | None) -> None:
             if title is None:
@@ -351,7 +355,7 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
         if chat_id is None:
             return
         try:
-            path = self.chats.export(chat_id, self.export_dir)
+            path = self.chats.export_markdown(chat_id, self.export_dir)
         except UserFacingError as error:
             self._say(str(error))
             return

@@ -39,7 +39,10 @@ FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last
 UNVERIFIED_FORGET = 0.9  # per proposal, the same for positions after its first rejection: about
 # 10 first-token failures relax them to the positions before them (0.95 took 45: a source whose
 # deep positions were learnt on code kept drafting 15 tokens on prose, 0.85x plain decoding)
-TURN_FORGET = 0.5  # at a new reply, the weight of the acceptance learnt before it
+TURN_FORGET = 0.5  # at a new reply, the weight of the draft model's acceptance learnt before it
+FREE_TURN_FORGET = 0.0  # and of a free source's: its proposals are scored at no cost, so it
+# relearns within a few steps (0.5 kept drafting 15 tokens learnt on code edits on the next prose
+# reply: 0.88x plain decoding there on the bench, and slower edits after prose in simulation)
 VERIFY_FORGET = 0.95  # per-observation forgetting of verification timings (about the last 20)
 VERIFY_SLOPE_PRIOR = 0.8  # cost of n tokens ~ one-token cost x (1 + 0.8 ln n) until measured
 DRAFT_COST_PRIOR = 0.6  # a draft token costs this x a one-token verification until timed
@@ -172,13 +175,15 @@ class AutoDraftLength:
                 self._decide(arm)
 
     def start_turn(self) -> None:
-        """A new reply: what each source's acceptance was learnt on counts ``TURN_FORGET`` as
-        much (another prompt may be another kind of text: estimates learnt on code must give way
-        within a few steps of prose; the costs, the machine's, are kept)."""
+        """A new reply: the acceptance learnt before counts ``FREE_TURN_FORGET`` as much for a
+        source that scores itself for free and ``TURN_FORGET`` for the draft model (another
+        prompt may be another kind of text: estimates learnt on code must give way at once on
+        prose; the costs, the machine's, are kept)."""
         with self._lock:
             for arm in self._arms.values():
-                arm.verified = [TURN_FORGET * v for v in arm.verified]
-                arm.accepted = [TURN_FORGET * a for a in arm.accepted]
+                weight = FREE_TURN_FORGET if arm.shadowed else TURN_FORGET
+                arm.verified = [weight * v for v in arm.verified]
+                arm.accepted = [weight * a for a in arm.accepted]
 
     def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
         """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,

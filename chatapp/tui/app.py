@@ -133,14 +133,22 @@ class SpecChatApp(App[int]):
                                                   view.editing is not None)
 
     def on_chat_view_changed(self, message: ChatView.Changed) -> None:
-        """The status line, the stats and (unless a step was shown) the footer's keys follow."""
+        if self.is_running:  # closing: the widgets may be gone already
+            self._follow_view(message.step)
+
+    def _follow_view(self, step: bool = False) -> None:
+        """The status line, the stats and (unless only a step was shown) the footer's keys show
+        what the chat view holds. The view's ``Changed`` asks for this; a key's action also
+        does it at once, so that the screen never waits for that message to show the key's
+        effect."""
         self.update_status()
-        if not message.step:
+        if not step:
             self.refresh_bindings()
         self._refresh_stats()
 
     def on_message_list_selection_changed(self) -> None:
-        self._refresh_stats()
+        if self.is_running:
+            self._refresh_stats()
 
     def _refresh_stats(self) -> None:
         """The stats panel shows the selected reply, else the live one, else the latest."""
@@ -219,15 +227,19 @@ class SpecChatApp(App[int]):
 
     def action_stop(self) -> None:
         self.chat_view.stop()
+        self._follow_view()
 
     def action_regenerate(self, new_seed: bool = False) -> None:
         self.chat_view.regenerate(new_seed)
+        self._follow_view()
 
     def action_replay(self) -> None:
         self.chat_view.replay()
+        self._follow_view()
 
     def action_edit_message(self) -> None:
         self.chat_view.edit_message()
+        self._follow_view()
 
     def action_draft_length(self, delta: int) -> None:
         k = self.chat.adjust_draft_length(delta)
@@ -280,6 +292,7 @@ class SpecChatApp(App[int]):
 
     async def action_new_chat(self) -> None:
         await self.chat_view.open_chat(None)
+        self._follow_view()
 
     def action_chats(self) -> None:
         chats = self.chat.chats
@@ -296,6 +309,7 @@ class SpecChatApp(App[int]):
             await self.chat_view.open_chat(result[1])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
             await self.chat_view.open_chat(None)
+        self._follow_view()
 
     def action_export(self) -> None:
         chat_id = self.chat.chat_id

@@ -224,8 +224,8 @@ def test_last_code_block_finds_the_last_fenced_block() -> None:
     assert last_code_block(CODE_REPLY) == ("sh", "echo two\nls")
     assert last_code_block("```\nx = 1\n```") == ("", "x = 1")
     assert last_code_block("no code, just `inline`") is None
-    assert last_code_block("cut short:\n```py\ndef f():\n    return") == (
-        "py", "def f():\n    return")
+    cut = "cut short:\n```py\ndef f():\n    return"
+    assert last_code_block(cut) == ("py", "def f():\n    return")
 
 
 async def test_the_features_are_in_the_help_and_the_palette(tui_make_app):

@@ -56,7 +56,7 @@ def chats_command(args: argparse.Namespace, history: Path | None = None) -> int:
     from chatapp.chat.chats import NoSuchChat, SavedChats
 
     try:
-        with SavedChats(history) as chats:
+        with SavedChats.at(history) as chats:
             return _ACTIONS[args.chats_action](chats, args)
     except NoSuchChat as error:
         return _fail(f"{error} `specchat chats list` shows the chats and their ids.")

@@ -131,7 +131,7 @@ def test_an_attachment_is_sent_saved_and_shown_again_in_a_reopened_chat(chat, fo
     assert entries[0].content == "Add type hints" and entries[0].attachments == (attachment,)
     assert reopened.messages[0].content == turn.messages[-1].content
     assert [hit.chat_id for hit in chat.history.search("type hints")] == [chat_id]
-    with SavedChats(chat.history.path) as saved:
+    with SavedChats.at(chat.history.path) as saved:
         assert f"```python\n{CODE}```\n\nAdd type hints" in saved.export(chat_id, "md")
         exported = saved.export(chat_id, "json")
         assert json.loads(exported)["messages"][0]["attachments"] == [attachment.to_json()]

@@ -1,4 +1,5 @@
-"""The conversation layer (chatapp.chat.conversation) without a front end: fake backends, a real history."""
+"""The conversation layer (chatapp.chat.conversation) without a front end: fake backends, a real
+history."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import dataclasses
 import pytest
 
 from chatapp.chat.conversation import ChatActionError, Conversation
-from chatapp.chat.events import TokenEvent
+from chatapp.chat.events import StepEvent, TokenEvent, TurnStats
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.turns import ChatEntry, PlanEvent, Turn, k_label
+from chatapp.policy.fixed import FixedDraftLength
 from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
@@ -141,9 +143,31 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     new = conversation.chat_id
     assert new is not None and index.chat == new
     assert set(index.corpus.chats()) == {old, new} and len(index.corpus.document(new)) > 0
-    conversation.delete_chat(old)
+    conversation.chats.delete(old)
     assert history.get_chat(old) is None and index.corpus.chats() == [new]
     conversation.open_chat(old := history.create_chat("another", "d", "t"))
     assert index.chat == old
     conversation.close()
     history.close()
+
+
+def test_k_plus_or_minus_one_turns_an_adaptive_policy_into_a_fixed_k_that_stays():
+    """K ± 1 on an adaptive policy: a fixed K from the K the policy chose (while a reply
+    streams, its latest step's), which a load of the models keeps; auto comes back on request."""
+    config = dataclasses.replace(CONFIG, draft_length="auto")
+    chat = Conversation(config)
+    chosen = chat.policy.current_k()
+    assert chat.policy.adaptive and chat.k_label == f"auto({chosen})"
+    assert chat.adjust_draft_length(-1) == chosen - 1
+    assert isinstance(chat.policy.inner, FixedDraftLength) and chat.k_label == str(chosen - 1)
+    for _load in range(2):  # the user's K outlives a load, and the load of another pair
+        chat.release()
+        chat.attach(tui_fake_factory()(config, lambda *_: None))
+        assert chat.k_label == str(chosen - 1)
+    chat.set_auto_draft_length()
+    assert chat.policy.adaptive and chat.k_label.startswith("auto(")
+    turn = chat.begin("hello")
+    turn.apply(StepEvent(step=0, k=7, drafted=7, accepted=2, draft_s=0.0, verify_s=0.0,
+                         source="model", adaptive=True, stats=TurnStats()))
+    assert chat.adjust_draft_length(1) == 8 and chat.k_label == "8"
+    chat.close()

@@ -9,8 +9,8 @@ from chatapp.chat.history import HistoryStore
 from chatapp.engine.events import TokenEvent
 from chatapp.engine.stats import TurnStats
 from chatapp.settings.config import Config
-from chatapp.tui.chat_actions import last_code_block
 from chatapp.tui.keys import help_sections
+from chatapp.tui.message_list import last_code_block
 from chatapp.tui.widgets import MessageView
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
 
@@ -157,7 +157,7 @@ async def test_editing_a_past_message_replaces_later_turns_and_keeps_the_old_cha
         await chat_once(pilot, "second")
         before = [(m.role, m.content) for m in stored(app)]
         await keys(pilot, "tab", "home", "e")  # the first message, edited
-        assert app.chat_input.text == "first" and app.editing is not None
+        assert app.chat_input.text == "first" and app.chat_view.editing is not None
         assert app.chat_input.cursor_location == (0, len("first"))  # ready to type on
         assert "editing" in str(app.query_one("#status").render())
         app.chat_input.text = "first, edited"
@@ -184,7 +184,7 @@ async def test_escape_cancels_an_edit_and_gives_back_what_was_typed(tui_make_app
         await keys(pilot, "tab", "home", "e")
         assert app.chat_input.text == "first"
         await keys(pilot, "escape")
-        assert app.editing is None and app.chat_input.text == "half a thought"
+        assert app.chat_view.editing is None and app.chat_input.text == "half a thought"
         assert len(stored(app)) == 2 and app.chat.session.turns[1:] == []
 
 

@@ -116,7 +116,7 @@ def test_rename_gives_a_chat_another_title(history, capsys):
 def valid_file(history) -> dict:
     from chatapp.chat.chats import SavedChats
 
-    with SavedChats(history.path) as saved:
+    with SavedChats.at(history.path) as saved:
         return json.loads(saved.export(history.ids[0], "json"))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chatapp.chat.conversation as chat
+import chatapp.chat.draft_length as draft_length
 import chatapp.chat.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
@@ -244,7 +244,8 @@ def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
         return ChatSession(engine, GenerationSettings(max_tokens=200), seed=0)
 
     monkeypatch.setattr(loader, "build_session", fake_session)
-    monkeypatch.setattr(chat, "make_policy", recording_policy)  # the conversation makes it
+    # The conversation's draft length makes it.
+    monkeypatch.setattr(draft_length, "make_policy", recording_policy)
     assert main(["run", "--drafter", "ngram", "-k", "auto", "hello"]) == 0
     assert len(policies) == 1
     sources = policies[0].learnt()["arms"]

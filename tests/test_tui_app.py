@@ -5,14 +5,19 @@ from __future__ import annotations
 import threading
 
 import pytest
+from textual.widgets import Input, OptionList
 
 from chatapp.backends.base import BackendError
 from chatapp.chat.history import HistoryStore
-from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent, TokenSource
-from chatapp.policy.fixed import FixedDraftLength
 from chatapp.settings.config import Config
-from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen, key_label
+from chatapp.tui.screens import (
+    ChatListScreen,
+    HelpScreen,
+    SettingsScreen,
+    TitleDialog,
+    key_label,
+)
 from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
 
@@ -146,32 +151,26 @@ async def test_changing_k_mid_reply_reaches_the_engine(tui_make_app):
         assert views(app, "assistant")[0].k_label == "3→2"
 
 
-async def test_k_keys_switch_an_adaptive_policy_to_a_fixed_k(tui_make_app):
-    class Adaptive:  # a policy without ``adjust``, like an auto policy
-        adaptive = True
-
-        def current_k(self) -> int:
-            return 5
-
-        def start_turn(self) -> None:
-            pass
-
-        def budget(self) -> DraftBudget:
-            return DraftBudget.uniform(5)
-
-        def observe(self, outcome) -> None:
-            pass
-
-    app = tui_make_app()
+async def test_the_k_keys_reach_the_conversation_and_the_status_shows_its_k(tui_make_app):
+    """ctrl+↓ / alt+↑ are the conversation's ``adjust_draft_length`` (what it does with an
+    adaptive policy: tests/test_chat.py), and the status line shows the K it returns at once."""
+    app = tui_make_app(config=Config(draft_length="auto", drafter="model", seed=0))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        app.chat.policy.replace(Adaptive())
-        app.update_status()
-        assert "K auto(5)" in str(app.query_one("#status").render())
+        deltas: list[int] = []
+        adjust = app.chat.adjust_draft_length
+
+        def recorded(delta: int) -> int:
+            deltas.append(delta)
+            return adjust(delta)
+
+        app.chat.adjust_draft_length = recorded
+        k = app.chat.policy.current_k()
+        assert f"K auto({k})" in str(app.query_one("#status").render())
         await pilot.press("ctrl+down")
-        assert isinstance(app.chat.policy.inner, FixedDraftLength)
-        assert app.chat.policy.budget().most == 4
-        assert "K 4" in str(app.query_one("#status").render())
+        assert deltas == [-1] and f"K {k - 1} " in str(app.query_one("#status").render())
+        await pilot.press("alt+up")
+        assert deltas == [-1, 1] and f"K {k} " in str(app.query_one("#status").render())
 
 
 async def test_escape_stops_the_reply_keeps_and_saves_it(tui_make_app, tmp_path):
@@ -304,7 +303,7 @@ async def test_a_loading_error_is_shown_and_the_typed_text_kept(tui_make_app):
         await pilot.press(*"why")
         await pilot.press("enter")  # sent while loading: waits for the models
         await pilot.pause()
-        assert app.pending == "why"
+        assert app.chat_view.pending == "why"
         assert views(app, "user")[0].has_class("-queued")
         gate.set()
         await wait_for(pilot, lambda: app.load_error is not None, what="the load error")
@@ -337,7 +336,7 @@ async def test_a_message_sent_while_loading_goes_out_when_ready(tui_make_app):
         await pilot.pause()
         assert "loading" in str(app.query_one("#status").render())
         await send(pilot, "early")
-        assert app.pending == "early" and app.chat_input.text == ""
+        assert app.chat_view.pending == "early" and app.chat_input.text == ""
         gate.set()
         await ready(pilot)
         await reply_done(pilot)
@@ -504,6 +503,42 @@ async def test_new_chat_delete_and_export(tui_make_app, tmp_path):
         assert app.chat.chat_id is None and views(app) == []
 
 
+async def test_r_in_the_chats_screen_renames_the_highlighted_chat(tui_make_app):
+    """ctrl+o, then r: a dialog holding the chat's title; Enter gives the chat the typed title
+    (the list and the history show it), Esc and an empty title keep the old one."""
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "name me later")
+        await reply_done(pilot)
+        chat_id = app.chat.chat_id
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, TitleDialog)
+        assert app.screen.query_one(Input).value == "name me later"
+        await pilot.press("end", "ctrl+u", *"Trip plans", "enter")
+        await pilot.pause()
+        chats = app.screen
+        assert isinstance(chats, ChatListScreen)
+        assert app.chat.chats.get(chat_id).title == "Trip plans"
+        listed = chats.query_one(OptionList).get_option_at_index(0).prompt
+        assert listed.plain.startswith("Trip plans  (open)")
+        assert "Renamed to Trip plans." in str(chats.query_one("#chats-status").render())
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("end", "ctrl+u", *"Other", "escape")
+        await pilot.pause()
+        assert app.screen is chats and app.chat.chats.get(chat_id).title == "Trip plans"
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("end", "ctrl+u", "enter")
+        await pilot.pause()
+        assert app.screen is chats and app.chat.chats.get(chat_id).title == "Trip plans"
+        assert "needs a title" in str(chats.query_one("#chats-status").render())
+
+
 async def test_help_lists_every_binding(tui_make_app):
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -561,9 +596,9 @@ async def test_escape_takes_back_a_message_waiting_for_the_models(tui_make_app):
     app = tui_make_app(tui_fake_factory(gate=gate))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "never mind")
-        assert app.pending == "never mind"
+        assert app.chat_view.pending == "never mind"
         await pilot.press("escape")
-        assert app.pending is None and views(app) == []
+        assert app.chat_view.pending is None and views(app) == []
         assert app.chat_input.text == "never mind"
         gate.set()
         await ready(pilot)

@@ -1,8 +1,9 @@
 """One conversation end to end: its messages, their history rows, the turn lifecycle, the draft
-policy and its memory, reconfiguring and closing the models.
+length (``draft_length``), reconfiguring and closing the models.
 
 The chat app and ``specchat run`` each hold one ``Conversation`` and only call it; they render
-what it yields and never reach into the engine, the drafters, the backends or the history.
+what it yields and never reach into the engine, the drafters, the backends or the history: the
+saved chats are ``chats`` (``chatapp.chat.chats.SavedChats``: list, rename, delete, export).
 
 A turn: ``begin`` (a new user message), ``regenerate`` (the last reply again) or ``edit`` (a past
 user message changed, the later turns replaced) returns a ``Turn``. A synchronous caller
@@ -10,8 +11,8 @@ user message changed, the later turns replaced) returns a ``Turn``. A synchronou
 worker thread iterates ``stream(turn)`` there (one ``PlanEvent``, then the engine's events),
 applies every event in order with ``turn.apply`` on its own thread, and ends the turn with
 ``finish`` (done or stopped: the reply is saved) or ``fail`` (a reply with text is kept; one
-without is rolled back and the front end gives the user's text back). ``replay`` decodes a reply
-again at K = 0 to measure its real speedup.
+without is rolled back and the front end gives the user's text back). ``prepare_replay`` and
+``run_replay`` decode a reply again at K = 0 to measure its real speedup.
 
 Threads: ``stream`` and ``run_replay`` only run the models and are for a worker thread; every
 other method (``run`` included) runs on the caller's thread, the one that opened the history
@@ -23,28 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, check_fits
+from chatapp.chat.chats import SavedChats, chat_title
+from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import generation_settings, make_policy
+from chatapp.chat.loader import generation_settings
 from chatapp.chat.session import ChatSession, fallback_template_note
-from chatapp.chat.terminal_text import printable_line
-from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn, k_label
-from chatapp.engine.contracts import DraftPolicy
-from chatapp.engine.events import DoneEvent
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
-from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.fixed import FixedDraftLength, SwitchablePolicy
-from chatapp.policy.memory import memory_path, recall, remember
 from chatapp.settings.config import Config
 
 if TYPE_CHECKING:
@@ -55,29 +48,25 @@ RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ct
                  "gpu_layers", "device", "dtype", "rpc", "tensor_split")
 # A target-only turn shorter than this is too noisy to be the speedup baseline.
 MIN_BASELINE_TOKENS = 8
-TITLE_LENGTH = 60
 
 
 class ChatActionError(UserFacingError):
     """A chat action that cannot be done now (nothing to regenerate, a reply is streaming...)."""
 
 
-def _ignore(message: str) -> None:
-    """The default ``on_write_error``: say nothing."""
-
-
 class Conversation:
     """One chat and the models that answer in it (see the module docstring for the contract)."""
 
     def __init__(self, config: Config, history: HistoryStore | None = None, *,
-                 on_write_error: Callable[[str], None] = _ignore) -> None:
+                 on_write_error: Callable[[str], None] | None = None) -> None:
+        """``history``: where the chats are saved (None: nowhere, unless ``chats.open`` opens
+        one); ``on_write_error``: told when a write to it failed (the chat goes on)."""
         self.config = config
-        self.history = history
-        self.on_write_error = on_write_error
+        self.chats = SavedChats(history, on_write_error=on_write_error,
+                                on_delete=self._index_forgets)
         self.session: ChatSession | None = None
-        self.policy = SwitchablePolicy(make_policy(config))
-        self._policy_from_config = True  # False once the user picked K another way
-        self._attached = False  # a pair of models was attached before
+        self.draft_length = DraftLength(config)
+        self.policy = self.draft_length.policy  # what every turn drafts with, for good
         self.chat_id: int | None = None
         self.entries: list[ChatEntry] = []
         self.turn: Turn | None = None  # the reply being made, in this chat or an earlier one
@@ -91,11 +80,7 @@ class Conversation:
     def attach(self, session: ChatSession) -> None:
         """Chat with ``session``'s models from now on."""
         self.session = session
-        if self._policy_from_config:
-            if self._attached:  # another pair: learnt afresh, or recalled
-                self.policy.replace(make_policy(self.config))
-            self._recall(self.policy.inner, self.config)
-        self._attached = True
+        self.draft_length.models_loaded(self.config)
         self.baseline_tps = None  # a new pair: measure the target alone again
         self._told_fallback_template = False
         self._index_follows_chat()
@@ -124,64 +109,30 @@ class Conversation:
         """Use ``config`` from the next reply on; True when its models must be loaded again."""
         old, self.config = self.config, config
         if config.draft_length != old.draft_length:
-            self._install_policy(config)
+            self.draft_length.configure(config, loaded=self.session is not None)
         if self.session is not None:
             self.session.configure(generation_settings(config), config.system_prompt)
             if config.seed is not None and config.seed != old.seed:
                 self.session.reseed(config.seed)
         return any(getattr(old, name) != getattr(config, name) for name in RELOAD_FIELDS)
 
-    # -- the draft policy -----------------------------------------------------------------------
+    # -- the draft length ------------------------------------------------------------------------
 
     @property
     def k_label(self) -> str:
         """The draft length in force, as the front ends show it ("3", "auto(4)")."""
-        return k_label(self.policy.current_k(), self.policy.adaptive)
+        return self.draft_length.label
 
     def adjust_draft_length(self, delta: int) -> int:
         """K + ``delta`` (an adaptive policy becomes a fixed K); returns the K now in force."""
-        current = self.turn.last_k if self.turn is not None else None
-        before = self.policy.inner
-        k = self.policy.adjust(delta, current)
-        if self.policy.inner is not before:
-            self._policy_changed()
-        return k
+        return self.draft_length.adjust(delta, self.turn.last_k if self.turn else None)
 
     def set_draft_length(self, k: int) -> None:
-        before = self.policy.inner
-        self.policy.set(k)
-        if self.policy.inner is not before:
-            self._policy_changed()
+        self.draft_length.set(k)
 
     def set_auto_draft_length(self) -> None:
-        self._install_policy(dataclasses.replace(self.config, draft_length="auto"))
-
-    def _install_policy(self, config: Config) -> None:
-        self._policy_changed()
-        self.policy.replace(self._configured_policy(config))
-        self._policy_from_config = self.session is None
-
-    def _configured_policy(self, config: Config) -> DraftPolicy:
-        """``make_policy``; once the models are loaded, an auto policy starts from what the last
-        run on this machine and pair measured (``chatapp.policy.memory``)."""
-        policy = make_policy(config)
-        if self.session is not None:
-            self._recall(policy, config)
-        return policy
-
-    @staticmethod
-    def _recall(policy: DraftPolicy, config: Config) -> None:
-        """An auto policy starts from what the last run with ``config``'s pair measured."""
-        if isinstance(policy, AutoDraftLength):
-            recall(policy, memory_path(config.measured_setup()))
-
-    def _policy_changed(self) -> None:
-        """The policy in force no longer follows the configuration."""
-        self._policy_from_config = False
-
-    def _remember_policy(self) -> None:
-        if isinstance(self.policy.inner, AutoDraftLength):
-            remember(self.policy.inner, memory_path(self.config.measured_setup()))
+        auto = dataclasses.replace(self.config, draft_length="auto")
+        self.draft_length.configure(auto, loaded=self.session is not None)
 
     # -- chats ----------------------------------------------------------------------------------
 
@@ -197,11 +148,10 @@ class Conversation:
         self.entries = [ChatEntry.from_stored(m) for m in stored]
         return self.entries
 
-    def delete_chat(self, chat_id: int) -> None:
-        """Delete chat ``chat_id`` from the history and from the drafter's index of it."""
-        if self.history is not None:
-            self.history.delete_chat(chat_id)
-        self._index_forgets(chat_id)
+    @property
+    def history(self) -> HistoryStore | None:
+        """The store behind ``chats`` (for this layer and tests; front ends use ``chats``)."""
+        return self.chats.store
 
     @property
     def _history_index(self) -> SuffixSource | None:
@@ -262,20 +212,9 @@ class Conversation:
         if entry not in self.entries or entry.role != "user":
             raise ChatActionError("Only your own messages of this chat can be edited.")
         check_fits(text, entry.attachments, session.message_tokens, session.prompt_room)
-        backup = self._keep_before_edit(entry)
+        backup = self.chats.keep_before_edit(self.chat_id, entry.message_id)
         del self.entries[self.entries.index(entry):]
         return self.begin(text, entry.attachments), backup
-
-    def _keep_before_edit(self, entry: ChatEntry) -> str:
-        """Copy the chat to "<title> (before edit)" and cut it at ``entry``; returns the title."""
-        if self.history is None or self.chat_id is None or entry.message_id is None:
-            return ""
-        chat = self.history.get_chat(self.chat_id)
-        title = f"{chat.title if chat else 'Chat'} (before edit)"
-        if self._write(self.history.copy_chat, self.chat_id, title) is None:
-            return ""
-        self._write(self.history.delete_messages_from, entry.message_id)
-        return title
 
     def _check_idle(self) -> ChatSession:
         session = self._require_session()
@@ -353,7 +292,7 @@ class Conversation:
         if self.turn is turn:
             self.turn = None
         if finish_reason != "error":
-            self._remember_policy()
+            self.draft_length.remember(self.config)
         if is_target_only(stats) and stats.tokens >= MIN_BASELINE_TOKENS:
             self.baseline_tps = decode_tokens_per_s(stats)
         return entry
@@ -375,14 +314,10 @@ class Conversation:
         entry = turn.user_entry
         if current and entry in self.entries:
             self.entries.remove(entry)
-        if self.history is not None and entry is not None and entry.message_id is not None:
-            self._write(self.history.delete_message, entry.message_id)
-            chat = self.history.get_chat(turn.chat_id) if turn.chat_id is not None else None
-            if chat is not None and chat.message_count == 0:
-                self._write(self.history.delete_chat, chat.id)
-                self._index_forgets(chat.id)
-                if self.chat_id == chat.id:
-                    self.chat_id = None
+        if entry is not None and self.chats.remove_message(entry.message_id, turn.chat_id):
+            self._index_forgets(turn.chat_id)
+            if self.chat_id == turn.chat_id:
+                self.chat_id = None
         return None
 
     def stop_and_save(self) -> None:
@@ -398,14 +333,14 @@ class Conversation:
         if self.history is None:
             return None
         if self.chat_id is None:
-            title = printable_line(text or " ".join(a.path for a in attachments))[:TITLE_LENGTH]
-            self.chat_id = self._write(self.history.create_chat, title, self.config.draft,
-                                       self.config.target)
+            title = chat_title(text or " ".join(a.path for a in attachments))
+            self.chat_id = self.chats.write(self.history.create_chat, title,
+                                            self.config.draft, self.config.target)
             if self.chat_id is None:
                 return None
             self._index_follows_chat()  # the text so far becomes this chat's
-        return self._write(self.history.add_message, self.chat_id, "user", text,
-                           attachments=attachments)
+        return self.chats.write(self.history.add_message, self.chat_id, "user", text,
+                                attachments=attachments)
 
     def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
         turn.meta["k"] = turn.k_label()
@@ -415,21 +350,11 @@ class Conversation:
             return entry
         turn.saved = True
         if turn.replaces is not None and turn.replaces.message_id is not None:
-            self._write(self.history.delete_message, turn.replaces.message_id)
-        entry.message_id = self._write(
+            self.chats.write(self.history.delete_message, turn.replaces.message_id)
+        entry.message_id = self.chats.write(
             self.history.add_message, turn.chat_id, "assistant", turn.text, runs=turn.pieces,
             finish_reason=finish_reason, stats=stats, meta=turn.meta)
         return entry
-
-    def _write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A history write; a failure (disk full, file gone) is reported, never fatal."""
-        try:
-            return write(*args, **kwargs)
-        except (sqlite3.Error, OSError) as error:
-            where = self.history.path if self.history is not None else "the history"
-            self.on_write_error(f"Could not save to the history at {where}: {error}. The chat "
-                                "goes on unsaved.")
-            return None
 
     # -- replay at K = 0 ------------------------------------------------------------------------
 
@@ -451,18 +376,10 @@ class Conversation:
     def run_replay(self, job: ReplayJob) -> ReplayStats | None:
         """(Worker thread.) Decode ``job``'s prompt with the target alone; None if stopped. The
         session's random generator is left alone, so later replies are as they would have been."""
-        session = self._require_session()
-        plan = session.plan_prompt(job.messages)
-        settings = replace(session.settings, max_tokens=job.tokens)
-        rng = np.random.default_rng(session.seed)
-        for event in session.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
-                                             job.cancel):
-            if isinstance(event, DoneEvent):
-                if job.cancel.is_set():
-                    return None
-                return ReplayStats(decode_tokens_per_s(event.stats), job.speculative_tps,
-                                   event.stats.tokens)
-        return None
+        stats = self._require_session().decode_alone(job.messages, job.tokens, job.cancel)
+        if stats is None:
+            return None
+        return ReplayStats(decode_tokens_per_s(stats), job.speculative_tps, stats.tokens)
 
     def end_replay(self, job: ReplayJob, result: ReplayStats | None) -> None:
         """The replay is over: keep its measurement with the reply's statistics."""
@@ -472,9 +389,7 @@ class Conversation:
             return
         job.entry.meta["replay"] = result.to_json()
         if self.history is not None and job.entry.message_id is not None:
-            self._write(self.history.set_turn_meta, job.entry.message_id, job.entry.meta)
-
-    # -- the end --------------------------------------------------------------------------------
+            self.chats.write(self.history.set_turn_meta, job.entry.message_id, job.entry.meta)
 
     def close(self) -> None:
         """Stop and save a reply being made, and close the models, unless a reply or a replay

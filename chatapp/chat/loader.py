@@ -19,7 +19,7 @@ from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
 from chatapp.backends.memory import check_fits
 from chatapp.chat.attachments import message_text
-from chatapp.chat.history import HistoryStore, StoredMessage
+from chatapp.chat.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.edits import line_end_test
@@ -178,6 +178,22 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
                        config.system_prompt, runtime_notes(config), index)
+
+
+def build_session_over_history(config: Config, progress: LoadProgress = _quiet,
+                               history_path: Path | None = None) -> ChatSession:
+    """``build_session`` with the default drafter's index over the chats saved at
+    ``history_path`` (None: the default place), read through a connection of the calling
+    thread's own (SQLite connections stay on their thread: this runs in a loading thread);
+    without that index when the history cannot be read."""
+    try:
+        store = HistoryStore(history_path)
+    except HistoryError:
+        return build_session(config, progress)
+    try:
+        return build_session(config, progress, history=store)
+    finally:
+        store.close()
 
 
 def runtime_notes(config: Config) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""A conversation bound to an engine: builds a prompt that fits the context, streams the reply.
+"""A conversation bound to an engine: builds a prompt that fits the context, streams the reply,
+and decodes a reply again with the target alone (``decode_alone``: a replay at K = 0).
 
 ``ChatSession.stream(messages, ...)`` turns the conversation (system prompt first, if any) into
 prompt tokens with the target's chat template. When the conversation has outgrown the context
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.engine.contracts import DraftPolicy
-from chatapp.engine.events import Event
+from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.loop import ContextOverflowError, GenerationSettings, SpeculativeEngine
+from chatapp.engine.stats import TurnStats
+from chatapp.policy.fixed import FixedDraftLength
 
 # Room kept free for the reply when trimming: at least this many tokens, at most max_tokens.
 MIN_REPLY_ROOM = 64
@@ -118,3 +121,18 @@ class ChatSession:
         """Plan the prompt (may raise) and return it with the reply's event stream."""
         plan = self.plan_prompt(messages)
         return plan, self.engine.generate(plan.tokens, self.settings, self.rng, policy, cancel)
+
+    def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
+                     cancel: threading.Event) -> TurnStats | None:
+        """Decode the reply to ``messages`` with the target alone (K = 0), ``max_tokens`` tokens
+        at most, sampling from a generator seeded as this session's was: its final statistics,
+        None when ``cancel`` stopped it. The session's own generator is left alone, so later
+        replies are as they would have been."""
+        plan = self.plan_prompt(messages)
+        settings = replace(self.settings, max_tokens=max_tokens)
+        rng = np.random.default_rng(self.seed)
+        for event in self.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
+                                          cancel):
+            if isinstance(event, DoneEvent):
+                return None if cancel.is_set() else event.stats
+        return None

@@ -1,58 +1,53 @@
-"""The chat app: the screen, its status line and stats panel, and the keys that act on them.
+"""The chat app: the screen (status line, chat view, stats panel, footer), the keys that act on
+it, the saved chats, the models' loading and the ways out.
 
-The app renders what its conversation (``chatapp.chat.conversation.Conversation``, ``self.chat``) holds and
-yields, and forwards the user's keys to it; it never calls a model, a drafter or the history
-itself. The parts of the app live in their own modules: loading the models (``loading``),
-sending and streaming (``replies``), the message actions (``chat_actions``), the keys
-(``keys``) and the ways out (``shutdown``). The model session comes from
-``session_factory(config, progress)`` (``chatapp.chat.loader.build_session`` over the history by default), run in a
-worker thread; tests pass a factory that builds a session on fake backends.
+The app renders what its conversation (``chatapp.chat.conversation.Conversation``, ``self.chat``)
+holds and forwards the user's keys to it; it never calls a model, a drafter or the history
+itself: the saved chats are the conversation's ``chats``. The chat view (``chat_view.ChatView``)
+owns the messages, the message box and the reply streaming; the app calls it, and hears from it
+through messages: ``ChatView.Changed``, and the loader's ``LoadProgress``, ``SessionLoaded`` and
+``LoadFailed``, which bubble up from it. The model session comes from ``session_factory(config,
+progress)`` (``chatapp.chat.loader.build_session_over_history`` by default), run in a worker
+thread; tests pass a factory that builds a session on fake backends.
+
+Every way out (ctrl+q, the terminal closed, the system asking, a crash) stops a streaming reply,
+saves it as it stands (stopped), and closes the models and the history.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Label, ProgressBar
+from textual.widgets import Footer
 
 from chatapp.chat.conversation import Conversation
-from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.loader import LoadProgress as ProgressCallback
-from chatapp.chat.loader import build_session
+from chatapp.chat.loader import build_session_over_history
 from chatapp.chat.session import ChatSession
-from chatapp.chat.turns import ChatEntry
-from chatapp.settings.config import Config, rpc_label
-from chatapp.tui.chat_actions import ChatActionsMixin
+from chatapp.errors import UserFacingError
+from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
+from chatapp.tui.chat_view import ChatView
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
-from chatapp.tui.loading import LoadingMixin
-from chatapp.tui.replies import RepliesMixin
+from chatapp.tui.loading import ModelLoader, SessionFactory
+from chatapp.tui.message_list import MessageList
+from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
-from chatapp.tui.shutdown import ShutdownMixin
+from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
 from chatapp.tui.stats_view import TurnInfo
-from chatapp.tui.widgets import Legend, MessageList, MessageView, Note, StatsPanel, StatusBar
-
-SessionFactory = Callable[[Config, ProgressCallback], ChatSession]
-
-
-def _drafter_label(config: Config) -> str:
-    """Who drafts, for the header: the draft model, prompt lookup, or lookup then the model."""
-    model = _short_model_name(config.draft)
-    return {"ngram": "prompt lookup", "ngram+model": f"prompt lookup + {model}"}.get(
-        config.drafter, model)
+from chatapp.tui.status_line import StatusBar
+from chatapp.tui.widgets import StatsPanel
 
 
-def _short_model_name(name: str) -> str:
-    return Path(name).name if "/" in name or "\\" in name else name
-
-
-class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, App[int]):
+class SpecChatApp(App[int]):
     """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
     default place). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
     (fake backends, a temporary database)."""
@@ -71,28 +66,18 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         self.history_path = history_path
         self.export_dir = export_dir
         self.chat = Conversation(config, None, on_write_error=self._history_write_failed)
-        self.pending: str | None = None  # a message sent before the models were ready
-        self.editing: ChatEntry | None = None  # the user message Enter resends in its place
-        self._text_before_edit = ""
-        self.highlight = True
         self.told_notes: list[str] = []  # the sessions' runtime notes shown so far, in order
-        self.load_error: str | None = None
-        self._load_generation = 0
-        self._load_state: tuple[str, float | None] = ("Starting", None)
+        self._view: ChatView | None = None
         self._quit_when_loaded = False
+        self._signals = QuitSignals()
 
     # -- layout ---------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         with Horizontal(id="body"):
-            with Vertical(id="main"):
-                yield MessageList(id="conversation")
-                with Horizontal(id="loading"):
-                    yield Label("", id="loading-text")
-                    yield ProgressBar(id="loading-bar", show_eta=False, show_percentage=False)
-                yield Legend(id="legend")
-                yield ChatInput(id="input")
+            self._view = ChatView(self.chat, self.session_factory, id="main")
+            yield self._view
             yield StatsPanel(id="stats")
         yield Footer()
 
@@ -101,137 +86,160 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         return self.chat.config
 
     @property
+    def chat_view(self) -> ChatView:
+        assert self._view is not None, "the app is not composed yet"
+        return self._view
+
+    @property
     def message_list(self) -> MessageList:
-        return self.query_one("#conversation", MessageList)
+        return self.chat_view.message_list
 
     @property
     def chat_input(self) -> ChatInput:
-        return self.query_one("#input", ChatInput)
+        return self.chat_view.chat_input
+
+    @property
+    def loader(self) -> ModelLoader:
+        return self.chat_view.loader
 
     @property
     def stats_panel(self) -> StatsPanel:
         return self.query_one("#stats", StatsPanel)
 
     def _build_session(self, config: Config, progress: ProgressCallback) -> ChatSession:
-        """``build_session`` with the default drafter's index over the saved chats, read through
-        a connection of this (loading) thread's own; without a readable history, without it."""
-        try:
-            store = HistoryStore(self.history_path)
-        except HistoryError:
-            return build_session(config, progress)
-        try:
-            return build_session(config, progress, history=store)
-        finally:
-            store.close()
+        return build_session_over_history(config, progress, self.history_path)
 
     async def on_mount(self) -> None:
-        self._install_signal_handlers()
+        self._signals.install(self._quit_on_signal)
         try:
-            self.chat.history = HistoryStore(self.history_path)
-        except HistoryError as error:
+            self.chat.chats.open(self.history_path)
+        except UserFacingError as error:
             self.notify(f"{error} Chats of this session will not be saved.",
-                        title="No history", severity="error", timeout=15)
+                        title="No history", severity="error", timeout=15, markup=False)
         self.message_list.anchor()
         self.stats_panel.show_nothing()
-        chats = self.chat.history.list_chats() if self.chat.history is not None else []
-        await self.open_chat(chats[0].id if chats else None)  # where the user left off
+        await self.chat_view.open_chat(self.chat.chats.latest())  # where the user left off
         self.start_loading()
-
-    def _show_welcome(self) -> None:
-        self.message_list.mount(Note(
-            "Ask anything. The small draft model proposes tokens, the target verifies them: "
-            "each token is coloured by where it came from (legend below). ctrl+↑/ctrl+↓ change "
-            "the draft length K while a reply streams, F2 shows the statistics, F1 all keys.",
-            "welcome", id="welcome"))
 
     def _history_write_failed(self, text: str) -> None:
         if self.is_running:
             self.notify(text, severity="error", timeout=10, markup=False)
 
-    # -- status line ----------------------------------------------------------------------------
+    # -- what the chat view says ----------------------------------------------------------------
 
     def update_status(self) -> None:
-        config, session = self.config, self.chat.session
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(" specchat ", style="bold reverse")
-        where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
-        text.append(f" {config.backend} │ draft {_drafter_label(config)} → target "
-                    f"{_short_model_name(config.target)}{where} │ ")
-        text.append(f"K {self.chat.k_label}", style="bold")
-        if session is not None and not self.chat.has_drafter:
-            text.append(" (no draft loaded)")
-        sampling = session.settings.sampling if session else None
-        temperature = sampling.temperature if sampling else config.temperature
-        text.append(f" │ T {temperature:g}")
-        top_p = sampling.top_p if sampling else config.top_p
-        top_k = sampling.top_k if sampling else config.top_k
-        if top_p < 1:
-            text.append(f" top-p {top_p:g}")
-        if top_k:
-            text.append(f" top-k {top_k}")
-        text.append(" │ ")
-        text.append(*self._state_text())
-        self.query_one("#status", StatusBar).update(text)
+        view = self.chat_view
+        self.query_one("#status", StatusBar).show(self.chat, view.loader,
+                                                  view.editing is not None)
 
-    def _state_text(self) -> tuple[str, str]:
-        chat = self.chat
-        if self.load_error is not None:
-            return "load failed (ctrl+r retry)", "bold red"
-        if chat.session is None:
-            message, fraction = self._load_state
-            percent = f" {fraction:.0%}" if fraction is not None else ""
-            return f"loading…{percent}", "yellow"
-        if chat.turn is not None:
-            if chat.turn.cancel.is_set():
-                return "stopping…", "yellow"
-            stats = chat.turn.stats()
-            return f"streaming {stats.tokens_per_s:.1f} tok/s (Esc stops)", "green"
-        if chat.replaying is not None:
-            return "replaying at K 0… (Esc stops)", "yellow"
-        if self.editing is not None:
-            return "editing a message (Enter resends, Esc cancels)", "yellow"
-        return "ready", "green"
+    def on_chat_view_changed(self, message: ChatView.Changed) -> None:
+        if self.is_running:  # closing: the widgets may be gone already
+            self._follow_view(message.step)
 
-    # -- stats panel ----------------------------------------------------------------------------
-
-    def on_message_list_selection_changed(self) -> None:
+    def _follow_view(self, step: bool = False) -> None:
+        """The status line, the stats and (unless only a step was shown) the footer's keys show
+        what the chat view holds. The view's ``Changed`` asks for this; a key's action also
+        does it at once, so that the screen never waits for that message to show the key's
+        effect."""
+        self.update_status()
+        if not step:
+            self.refresh_bindings()
         self._refresh_stats()
 
-    def _stats_view(self) -> MessageView | None:
-        """The selected reply (a selected user message means the reply to it), else the live
-        one, else the latest."""
-        views = self.message_list.views
-        replies = [v for v in views if v.role == "assistant"]
-        selected = self.message_list.selected
-        if selected in views:
-            following = [v for v in views[views.index(selected):] if v.role == "assistant"]
-            if following:
-                return following[0]
-        live = next((v for v in replies if v.live), None)
-        return live or (replies[-1] if replies else None)
+    def on_message_list_selection_changed(self) -> None:
+        if self.is_running:
+            self._refresh_stats()
 
     def _refresh_stats(self) -> None:
+        """The stats panel shows the selected reply, else the live one, else the latest."""
         panel = self.stats_panel
         if not panel.display:
             return
-        view = self._stats_view()
+        view = self.message_list.reply_view()
         if view is None:
             panel.show_nothing()
             return
         replies = [v for v in self.message_list.views if v.role == "assistant"]
         number = replies.index(view) + 1 if view in replies else len(replies)
-        stats = view.turn.stats() if view.live else view.stats
+        stats = view.turn.stats() if view.live and view.turn is not None else view.stats
         info = TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, view.live,
                         view.target_rpc, view.entry.replay if view.entry else None)
         panel.show(stats, info, self.chat.baseline_tps)
 
-    # -- actions --------------------------------------------------------------------------------
+    # -- the models -----------------------------------------------------------------------------
+
+    def start_loading(self) -> None:
+        self.chat_view.start_loading()
+        self.update_status()
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the last load failed; None while loading and once loaded."""
+        return self.loader.error
+
+    @property
+    def is_loading(self) -> bool:
+        return self.chat.session is None and self.load_error is None
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if self.is_running:
+            self.update_status()
+
+    def on_session_loaded(self, message: SessionLoaded) -> None:
+        if not self.is_running:
+            message.session.close()
+            return
+        self.chat.attach(message.session)
+        if self._quit_when_loaded:
+            self.exit()
+            return
+        for note in message.session.notes:  # once per app run, and on stderr at the exit
+            if note not in self.told_notes:
+                self.told_notes.append(note)
+                self.chat_view.add_note(note)
+        self.update_status()
+        self.chat_view.models_loaded()
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        if not self.is_running:
+            return
+        if self._quit_when_loaded:
+            self.exit()
+            return
+        self.chat_view.load_failed(message.error)
+        self.update_status()
+
+    def action_reload(self) -> None:
+        if self.chat.busy:
+            self.notify("Stop the reply first (Esc), then reload.", severity="warning")
+            return
+        self.chat.release()
+        self.start_loading()
+
+    # -- keys -----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            active = self.chat.busy or self.pending is not None or self.editing is not None
-            return True if active else None
+            view = self._view
+            waiting = view is not None and (view.pending is not None or view.editing is not None)
+            return True if self.chat.busy or waiting else None
         return True
+
+    def action_stop(self) -> None:
+        self.chat_view.stop()
+        self._follow_view()
+
+    def action_regenerate(self, new_seed: bool = False) -> None:
+        self.chat_view.regenerate(new_seed)
+        self._follow_view()
+
+    def action_replay(self) -> None:
+        self.chat_view.replay()
+        self._follow_view()
+
+    def action_edit_message(self) -> None:
+        self.chat_view.edit_message()
+        self._follow_view()
 
     def action_draft_length(self, delta: int) -> None:
         k = self.chat.adjust_draft_length(delta)
@@ -255,10 +263,7 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
         self._refresh_stats()
 
     def action_toggle_highlight(self) -> None:
-        self.highlight = not self.highlight
-        for view in self.message_list.views:
-            view.set_highlighting(self.highlight)
-        self.query_one(Legend).show_colours(self.highlight)
+        self.chat_view.set_highlighting(not self.chat_view.highlight)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -279,58 +284,79 @@ class SpecChatApp(ShutdownMixin, LoadingMixin, RepliesMixin, ChatActionsMixin, A
             self.action_reload()
         self.update_status()
 
-    async def action_new_chat(self) -> None:
-        await self.open_chat(None)
-
-    def action_chats(self) -> None:
-        history = self.chat.history
-        if history is None:
-            self.notify("The history is not available in this session.", severity="error")
-            return
-        self.push_screen(ChatListScreen(history, self.chat.chat_id, self.export_dir,
-                                        delete_chat=self.chat.delete_chat), self._chat_chosen)
-
-    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
-        history, chat_id = self.chat.history, self.chat.chat_id
-        if history is None:
-            return
-        deleted = chat_id is not None and history.get_chat(chat_id) is None
-        if result is not None and result[0] == "open":
-            await self.open_chat(result[1])
-        elif deleted or result is not None:  # a new chat, or the open one was deleted
-            await self.open_chat(None)
-
-    async def open_chat(self, chat_id: int | None) -> None:
-        """Show saved chat ``chat_id`` (None: a new chat)."""
-        entries = self.chat.open_chat(chat_id)
-        self.editing = None
-        message_list = self.message_list
-        message_list.selected = None
-        await message_list.remove_children()
-        if entries:
-            await message_list.mount_all([MessageView.of(e, self.highlight) for e in entries])
-            message_list.scroll_end(animate=False)
-        else:
-            self._show_welcome()
-        self.call_after_refresh(self._refresh_stats)
-        self.update_status()
-        self.chat_input.focus()
-
-    def action_export(self) -> None:
-        history, chat_id = self.chat.history, self.chat.chat_id
-        if history is None or chat_id is None:
-            self.notify("Nothing to export yet: send a message first.", severity="warning")
-            return
-        try:
-            path = history.export_markdown(chat_id, self.export_dir)
-        except (OSError, HistoryError) as error:
-            self.notify(f"Could not export the chat: {error}", severity="error")
-            return
-        self.notify(f"Exported to {path}", title="Chat exported", timeout=10)
-
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield from system_commands(self)
+
+    # -- saved chats ----------------------------------------------------------------------------
+
+    async def action_new_chat(self) -> None:
+        await self.chat_view.open_chat(None)
+        self._follow_view()
+
+    def action_chats(self) -> None:
+        chats = self.chat.chats
+        if not chats.available:
+            self.notify("The history is not available in this session.", severity="error")
+            return
+        self.push_screen(ChatListScreen(chats, self.chat.chat_id, self.export_dir),
+                         self._chat_chosen)
+
+    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
+        chat_id = self.chat.chat_id
+        deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
+        if result is not None and result[0] == "open":
+            await self.chat_view.open_chat(result[1])
+        elif deleted or result is not None:  # a new chat, or the open one was deleted
+            await self.chat_view.open_chat(None)
+        self._follow_view()
+
+    def action_export(self) -> None:
+        chat_id = self.chat.chat_id
+        if not self.chat.chats.available or chat_id is None:
+            self.notify("Nothing to export yet: send a message first.", severity="warning")
+            return
+        try:
+            path = self.chat.chats.export_markdown(chat_id, self.export_dir)
+        except UserFacingError as error:
+            self.notify(str(error), severity="error", markup=False)
+            return
+        self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)
+
+    # -- the ways out ---------------------------------------------------------------------------
+
+    def exit(self, result: int | None = None, return_code: int = 0,
+             message: Any = None) -> None:
+        """Stop a streaming reply and save it as it stands (stopped), then exit."""
+        self.chat.stop_and_save()
+        super().exit(result, return_code, message)
+
+    def _quit_on_signal(self, signum: int) -> None:
+        """The terminal was closed, or the system asks the app to end: stop the reply, save it
+        as it stands, close the history and exit (status 128 + the signal, as a shell reports a
+        process ended by a signal)."""
+        if signum == getattr(signal, "SIGHUP", None) and terminal_hung_up():
+            # Nothing can be shown or restored any more, and Textual's shutdown would write to
+            # the dead terminal: its output thread ends at the first failed write, and the app
+            # then waits for it forever. Save, close the history and leave at once.
+            self.chat.stop_and_save()
+            self.chat.chats.close()
+            os._exit(128 + signum)
+        self.exit(return_code=128 + signum)
+
+    async def action_quit(self) -> None:
+        """Quit. A model load cannot be interrupted: the app says so and quits when it ends
+        (a second ctrl+q leaves at once, and the process exits when the load is over)."""
+        if self.is_loading and not self._quit_when_loaded:
+            self._quit_when_loaded = True
+            self.loader.say_quitting()
+            return
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self._signals.remove()
+        self.chat.close()  # an exit that did not pass through ``exit`` (a crash) saves too
+        self.chat.chats.close()
 
 
 def run_app(config: Config, config_path: Path | None = None) -> int:

@@ -42,7 +42,7 @@ HELP_TEXT = {
     "toggle_highlight": "Token colours on / off (off: the reply as Markdown)",
     "settings": "Settings: sampling, K, seed, system prompt, models",
     "new_chat": "New chat",
-    "chats": "Saved chats: open, delete, export",
+    "chats": "Saved chats: open, rename, delete, export",
     "regenerate": "Regenerate the last reply (same settings)",
     "regenerate(True)": "Regenerate the last reply with a new random seed",
     "replay": "Replay the selected or last reply at K 0: its real speedup (F2)",
@@ -80,6 +80,7 @@ def help_sections() -> list[HelpSection]:
         ("Chat list (ctrl+o)", [
             ("Enter", "Open the chat"),
             ("n", "New chat"),
+            ("r", "Rename the chat"),
             ("d, d", "Delete the chat"),
             ("e", "Export it to Markdown"),
             ("Esc", "Close"),
@@ -91,7 +92,7 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
     """The app's commands in the command palette (ctrl+p)."""
     commands: list[tuple[str, str, Callable[[], Any]]] = [
         ("New chat", "Start an empty chat (ctrl+n)", app.action_new_chat),
-        ("Chats", "Open, delete or export saved chats (ctrl+o)", app.action_chats),
+        ("Chats", "Open, rename, delete or export saved chats (ctrl+o)", app.action_chats),
         ("Settings", "Sampling, draft length, system prompt, models (F4)", app.action_settings),
         ("Regenerate reply", "The last reply again, same settings (F6)", app.action_regenerate),
         ("Regenerate with a new seed", "The last reply again from a fresh random seed (shift+F6)",
@@ -101,9 +102,9 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
         ("Edit message", "Edit your selected or last message and resend (e on a message)",
          app.action_edit_message),
         ("Copy message", "The selected or last reply to the clipboard (c on a message)",
-         app.action_copy_message),
+         app.message_list.action_copy_message),
         ("Copy code block", "Its last code block to the clipboard (b on a message)",
-         app.action_copy_code),
+         app.message_list.action_copy_code),
         ("Export chat", "Write this chat as Markdown (F9)", app.action_export),
         ("Toggle stats panel", "Speculation statistics (F2)", app.action_toggle_stats),
         ("Toggle token colours", "Colours or Markdown (F3)", app.action_toggle_highlight),

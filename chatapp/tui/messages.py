@@ -1,4 +1,5 @@
-"""Messages the worker threads post to the app (``post_message`` is thread-safe)."""
+"""Messages the worker threads post (``post_message`` is thread-safe): the model loader's, which
+bubble up to the app, and a reply's or a replay's, which stay with the chat view that runs it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from chatapp.chat.turns import ChatEvent, ReplayJob, Turn
 
 
 class LoadProgress(Message):
-    def __init__(self, text: str, fraction: float | None) -> None:
+    def __init__(self, text: str, fraction: float | None, generation: int) -> None:
         super().__init__()
         self.text = text
         self.fraction = fraction
+        self.generation = generation
 
 
 class SessionLoaded(Message):
@@ -34,6 +36,8 @@ class ReplyEvents(Message):
     """Events of a reply's stream, in order: the plan, the prompt, one step (its tokens and its
     ``StepEvent``: never one message per character) or the end (with the ``DoneEvent``)."""
 
+    bubble = False
+
     def __init__(self, turn: Turn, events: list[ChatEvent]) -> None:
         super().__init__()
         self.turn = turn
@@ -41,6 +45,8 @@ class ReplyEvents(Message):
 
 
 class ReplyFailed(Message):
+    bubble = False
+
     def __init__(self, turn: Turn, error: str) -> None:
         super().__init__()
         self.turn = turn
@@ -49,6 +55,8 @@ class ReplyFailed(Message):
 
 class ReplayDone(Message):
     """A replay at K = 0 ended: ``result`` None when it was stopped, ``error`` when it failed."""
+
+    bubble = False
 
     def __init__(self, job: ReplayJob, result: ReplayStats | None, error: str = "") -> None:
         super().__init__()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
+from chatapp.chat.chats import ChatSummary, SavedChats
 from chatapp.chat.events import TokenSource
-from chatapp.chat.history import ChatSummary, HistoryError, HistoryStore
 from chatapp.chat.terminal_text import printable, printable_line
+from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, ConfigError, default_config_path
 from chatapp.settings.config_file import save_config
 from chatapp.settings.options import OPTIONS, OptionError
@@ -118,15 +119,11 @@ class SettingsScreen(ModalScreen[Config | None]):
                         yield Input("" if value is None else str(value), id=f"set-{name}",
                                     placeholder=hint, tooltip=hint)
                     yield Label("Backend")
-                    yield Select([(b, b) for b in OPTIONS["backend"].choices], value=self.config.backend,
-                                 allow_blank=False, id="set-backend")
+                    yield self._choice("backend")
                     yield Label("Draft backend")
-                    yield Select([(b, b) for b in OPTIONS["draft_backend"].choices], value=self.config.draft_backend,
-                                 allow_blank=False, id="set-draft_backend",
-                                 tooltip="same: the target's backend")
+                    yield self._choice("draft_backend", tooltip="same: the target's backend")
                     yield Label("Drafter")
-                    yield Select([(d, d) for d in OPTIONS["drafter"].choices], value=self.config.drafter,
-                                 allow_blank=False, id="set-drafter")
+                    yield self._choice("drafter")
                 yield Label("System prompt", classes="dialog-heading")
                 yield TextArea(self.config.system_prompt, id="set-system_prompt",
                                soft_wrap=True, tab_behavior="focus")
@@ -136,6 +133,11 @@ class SettingsScreen(ModalScreen[Config | None]):
                 yield Button("Save as defaults (F8)", id="settings-save-defaults",
                              tooltip="Apply, and write to the config file for the next start")
                 yield Button("Cancel (Esc)", id="settings-cancel")
+
+    def _choice(self, name: str, tooltip: str | None = None) -> Select[str]:
+        """A list of the values setting ``name`` allows, its value selected."""
+        return Select([(c, c) for c in OPTIONS[name].choices], value=getattr(self.config, name),
+                      allow_blank=False, id=f"set-{name}", tooltip=tooltip)
 
     def on_mount(self) -> None:
         self.query_one("#set-temperature", Input).focus()
@@ -172,8 +174,8 @@ class SettingsScreen(ModalScreen[Config | None]):
 
     def read_config(self) -> Config:
         """The Config of the form; ``OptionError`` naming the field and its setting for a value
-        the setting does not allow (its rules are ``chatapp.settings.options``'), ``ConfigError`` for
-        settings that do not go together."""
+        the setting does not allow (its rules are ``chatapp.settings.options``'), ``ConfigError``
+        for settings that do not go together."""
         labels = {name: label for name, label, _ in SETTING_FIELDS}
 
         def text(name: str) -> str:
@@ -203,23 +205,45 @@ class SettingsScreen(ModalScreen[Config | None]):
         return dataclasses.replace(self.config, **values)
 
 
+class TitleDialog(ModalScreen[str | None]):
+    """Asks for a chat's new title: Enter returns it, Esc returns None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.old_title = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="title-box", classes="dialog"):
+            yield Label("Rename the chat", classes="dialog-title")
+            yield Input(self.old_title, id="title-input", placeholder="The chat's new title")
+            yield Label("Enter renames · Esc keeps the old title", classes="dialog-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class ChatListScreen(ModalScreen[tuple[str, int] | None]):
-    """Saved chats. Returns ("open", id), ("new", 0) or None; deletes and exports in place."""
+    """Saved chats. Returns ("open", id), ("new", 0) or None; renames, deletes and exports in
+    place, through the conversation's ``SavedChats``."""
 
     BINDINGS = [
         Binding("escape", "close", "Close"),
         Binding("n", "new", "New chat"),
+        Binding("r", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
         Binding("e", "export", "Export to Markdown"),
     ]
 
-    def __init__(self, history: HistoryStore, current_chat: int | None,
-                 export_dir: object = None,
-                 delete_chat: Callable[[int], None] | None = None) -> None:
-        """``delete_chat``: deletes a chat everywhere it is kept (default: from ``history``)."""
+    def __init__(self, chats: SavedChats, current_chat: int | None,
+                 export_dir: Path | None = None) -> None:
         super().__init__()
-        self.history = history
-        self.delete_chat = delete_chat or history.delete_chat
+        self.chats = chats
         self.current_chat = current_chat
         self.export_dir = export_dir
         self._armed_delete: int | None = None
@@ -229,8 +253,8 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
             yield Label("Chats", classes="dialog-title")
             yield OptionList(id="chat-list")
             yield Label("", id="chats-status")
-            yield Label("Enter open · n new · d delete · e export to Markdown · Esc close",
-                        classes="dialog-hint")
+            yield Label("Enter open · n new · r rename · d delete · e export to Markdown · "
+                        "Esc close", classes="dialog-hint")
 
     def on_mount(self) -> None:
         self.refresh_list()
@@ -239,7 +263,7 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def refresh_list(self, highlight: int | None = None) -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        chats = self.history.list_chats()
+        chats = self.chats.list_chats()
         for chat in chats:
             options.add_option(Option(self._describe(chat), id=str(chat.id)))
         if not chats:
@@ -270,6 +294,9 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
         option = options.get_option_at_index(options.highlighted)
         return int(option.id) if option.id else None
 
+    def _say(self, text: str) -> None:
+        self.query_one("#chats-status", Label).update(Text(text))
+
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         if event.option.id:
             self.dismiss(("open", int(event.option.id)))
@@ -280,30 +307,57 @@ class ChatListScreen(ModalScreen[tuple[str, int] | None]):
     def action_new(self) -> None:
         self.dismiss(("new", 0))
 
+    def action_rename(self) -> None:
+        """Ask for a new title for the highlighted chat, then give it that title."""
+        chat_id = self._highlighted_chat()
+        if chat_id is None:
+            return
+        self._armed_delete = None
+        try:
+            chat = self.chats.get(chat_id)
+        except UserFacingError as error:
+            self._say(str(error))
+            return
+
+        def renamed(title: str | None) -> None:
+            if title is None:
+                return
+            try:
+                stored = self.chats.rename(chat.id, title)
+            except UserFacingError as error:
+                self._say(str(error))
+                return
+            self.refresh_list(highlight=self.query_one(OptionList).highlighted)
+            self._say(f"Renamed to {stored}.")
+
+        self.app.push_screen(TitleDialog(chat.title), renamed)
+
     def action_delete(self) -> None:
         chat_id = self._highlighted_chat()
         if chat_id is None:
             return
-        status = self.query_one("#chats-status", Label)
         if self._armed_delete != chat_id:
             self._armed_delete = chat_id
-            status.update("Press d again to delete this chat for good.")
+            self._say("Press d again to delete this chat for good.")
             return
         index = self.query_one(OptionList).highlighted
-        self.delete_chat(chat_id)
         self._armed_delete = None
-        status.update("Chat deleted.")
+        try:
+            self.chats.delete(chat_id)
+        except UserFacingError as error:
+            self._say(str(error))
+            return
+        self._say("Chat deleted.")
         self.refresh_list(highlight=index)
 
     def action_export(self) -> None:
         chat_id = self._highlighted_chat()
         if chat_id is None:
             return
-        status = self.query_one("#chats-status", Label)
         try:
-            path = self.history.export_markdown(chat_id, self.export_dir)  # type: ignore[arg-type]
-        except (OSError, HistoryError) as error:
-            status.update(Text(f"Could not export: {error}"))
+            path = self.chats.export_markdown(chat_id, self.export_dir)
+        except UserFacingError as error:
+            self._say(str(error))
             return
-        status.update(Text(f"Exported to {path}"))
-        self.notify(f"Exported to {path}", title="Chat exported", timeout=10)
+        self._say(f"Exported to {path}")
+        self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)

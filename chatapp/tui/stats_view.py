@@ -40,81 +40,100 @@ def render_stats(stats: TurnStats | None, info: TurnInfo, baseline_tps: float | 
                  styles: Mapping[str, Style | str] | None = None) -> Text:
     """The panel for one turn. ``baseline_tps``: decode tok/s of a target-only turn measured in
     this session, or None when there is none yet."""
-    style = {name: "" for name in STYLE_NAMES} | dict(styles or {})
-    text = Text(no_wrap=False, overflow="fold")
-
-    def line(label: str, value: str = "", note: str = "") -> None:
-        text.append(f"{label:<16}")
-        text.append(value)
-        if note:
-            text.append(f"  {note}", style["muted"])
-        text.append("\n")
-
-    def heading(title: str) -> None:
-        text.append("\n")
-        text.append(title, style["heading"])
-        text.append("\n")
-
-    text.append(info.title, style["heading"])
-    state = "streaming…" if info.live else _ending(info.finish_reason)
-    if state:
-        text.append(f" · {state}", style["muted"])
-    text.append("\n")
-    if info.k_label:
-        text.append(f"draft length K {info.k_label}\n", style["muted"])
-    if info.target_rpc:
-        text.append(f"target {rpc_label(info.target_rpc)}\n", style["muted"])
+    panel = _Panel({name: "" for name in STYLE_NAMES} | dict(styles or {}))
+    panel.header(info)
     if stats is None:
-        text.append("\nNo statistics for this message.\n", style["muted"])
-        return text
+        panel.text.append("\nNo statistics for this message.\n", panel.style["muted"])
+        return panel.text
+    panel.speculation(stats)
+    panel.time(stats)
+    panel.speed(stats, info, baseline_tps)
+    return panel.text
 
-    heading("Speculation")
-    line("Tokens", f"{stats.tokens}")
-    line("Drafted", f"{stats.drafted}")
-    line("Accepted", f"{stats.accepted}", f"{stats.acceptance_rate:.1%}" if stats.drafted else "")
-    line("Per target call", f"{stats.mean_accepted_length:.2f} tokens",
-         f"{stats.target_calls} target calls")
-    if stats.per_position_accepted:
-        heading("Acceptance by position")
-        for position, rate in enumerate(stats.per_position_accepted, 1):
-            filled, empty = bar(rate)
-            text.append(f"{position:>3} ")
-            text.append(filled, style["bar"])
-            text.append(empty, style["bar-empty"])
-            text.append(f" {rate:4.0%}\n")
 
-    heading("Time")
-    parts = (("draft", stats.draft_s), ("verify", stats.verify_s),
-             ("prompt", stats.prompt_s), ("other", stats.other_s))
-    for name, seconds in parts:
-        share = seconds / stats.total_s if stats.total_s > 0 else 0.0
-        filled, empty = bar(share, 10)
-        text.append(f" {name:<7}")
-        text.append(filled, style[name])
-        text.append(empty, style["bar-empty"])
-        text.append(f" {seconds:6.2f} s {share:4.0%}\n")
-    line(" total", f"{stats.total_s:.2f} s")
+class _Panel:
+    """The panel's text, built section by section."""
 
-    heading("Speed")
-    line("Tokens/s", f"{stats.tokens_per_s:.1f}", f"decode {decode_tokens_per_s(stats):.1f}")
-    line("First token", f"{stats.ttft_s:.2f} s")
-    if stats.threads:
-        line("CPU threads", str(stats.threads), "adapts unless set")
-    if not info.live:
-        line("Prompt", f"{stats.prompt_tokens} tok",
-             f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
-    if info.replay is not None:
-        line("Speedup", f"{info.replay.speedup:.2f}×", "replayed at K 0")
-        text.append(info.replay.summary() + "\n", style["muted"])
-    elif is_target_only(stats):
-        line("Speedup", "1.00×", "this turn is the target-only baseline")
-    elif baseline_tps:
-        ratio = decode_tokens_per_s(stats) / baseline_tps
-        line("Speedup", f"{ratio:.2f}×", f"vs target-only {baseline_tps:.1f} tok/s (measured)")
-    else:
-        text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target alone, or "
-                    "replay this reply at K 0 (F8).\n", style["muted"])
-    return text
+    def __init__(self, style: dict[str, Style | str]) -> None:
+        self.style = style
+        self.text = Text(no_wrap=False, overflow="fold")
+
+    def line(self, label: str, value: str = "", note: str = "") -> None:
+        self.text.append(f"{label:<16}")
+        self.text.append(value)
+        if note:
+            self.text.append(f"  {note}", self.style["muted"])
+        self.text.append("\n")
+
+    def heading(self, title: str) -> None:
+        self.text.append("\n")
+        self.text.append(title, self.style["heading"])
+        self.text.append("\n")
+
+    def header(self, info: TurnInfo) -> None:
+        text, muted = self.text, self.style["muted"]
+        text.append(info.title, self.style["heading"])
+        state = "streaming…" if info.live else _ending(info.finish_reason)
+        if state:
+            text.append(f" · {state}", muted)
+        text.append("\n")
+        if info.k_label:
+            text.append(f"draft length K {info.k_label}\n", muted)
+        if info.target_rpc:
+            text.append(f"target {rpc_label(info.target_rpc)}\n", muted)
+
+    def speculation(self, stats: TurnStats) -> None:
+        self.heading("Speculation")
+        self.line("Tokens", f"{stats.tokens}")
+        self.line("Drafted", f"{stats.drafted}")
+        self.line("Accepted", f"{stats.accepted}",
+                  f"{stats.acceptance_rate:.1%}" if stats.drafted else "")
+        self.line("Per target call", f"{stats.mean_accepted_length:.2f} tokens",
+                  f"{stats.target_calls} target calls")
+        if stats.per_position_accepted:
+            self.heading("Acceptance by position")
+            for position, rate in enumerate(stats.per_position_accepted, 1):
+                filled, empty = bar(rate)
+                self.text.append(f"{position:>3} ")
+                self.text.append(filled, self.style["bar"])
+                self.text.append(empty, self.style["bar-empty"])
+                self.text.append(f" {rate:4.0%}\n")
+
+    def time(self, stats: TurnStats) -> None:
+        self.heading("Time")
+        parts = (("draft", stats.draft_s), ("verify", stats.verify_s),
+                 ("prompt", stats.prompt_s), ("other", stats.other_s))
+        for name, seconds in parts:
+            share = seconds / stats.total_s if stats.total_s > 0 else 0.0
+            filled, empty = bar(share, 10)
+            self.text.append(f" {name:<7}")
+            self.text.append(filled, self.style[name])
+            self.text.append(empty, self.style["bar-empty"])
+            self.text.append(f" {seconds:6.2f} s {share:4.0%}\n")
+        self.line(" total", f"{stats.total_s:.2f} s")
+
+    def speed(self, stats: TurnStats, info: TurnInfo, baseline_tps: float | None) -> None:
+        line = self.line
+        self.heading("Speed")
+        line("Tokens/s", f"{stats.tokens_per_s:.1f}", f"decode {decode_tokens_per_s(stats):.1f}")
+        line("First token", f"{stats.ttft_s:.2f} s")
+        if stats.threads:
+            line("CPU threads", str(stats.threads), "adapts unless set")
+        if not info.live:
+            line("Prompt", f"{stats.prompt_tokens} tok",
+                 f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
+        if info.replay is not None:
+            line("Speedup", f"{info.replay.speedup:.2f}×", "replayed at K 0")
+            self.text.append(info.replay.summary() + "\n", self.style["muted"])
+        elif is_target_only(stats):
+            line("Speedup", "1.00×", "this turn is the target-only baseline")
+        elif baseline_tps:
+            ratio = decode_tokens_per_s(stats) / baseline_tps
+            line("Speedup", f"{ratio:.2f}×",
+                 f"vs target-only {baseline_tps:.1f} tok/s (measured)")
+        else:
+            self.text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target "
+                             "alone, or replay this reply at K 0 (F8).\n", self.style["muted"])
 
 
 def _ending(finish_reason: str | None) -> str:

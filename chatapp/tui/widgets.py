@@ -7,17 +7,14 @@ from collections.abc import Iterable, Sequence
 from rich.style import Style
 from rich.text import Span, Text
 from textual import events
-from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 
 from chatapp.chat.events import TokenSource, TurnStats
 from chatapp.chat.terminal_text import Printable, printable
 from chatapp.chat.turns import ChatEntry, Turn
-from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
 
 TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
@@ -287,69 +284,6 @@ class Note(Static):
 
     def __init__(self, text: str, kind: str = "info", *, id: str | None = None) -> None:
         super().__init__(Text(printable(text)), classes=f"note -{kind}", id=id)
-
-
-class MessageList(VerticalScroll, can_focus=True):
-    """The messages. Focus it (Tab) and use up/down to select one; the stats panel follows. The
-    keys on a message (copy, edit, replay) are the app's actions on the selected message."""
-
-    BINDINGS = [
-        Binding("up,k", "select(-1)", "Previous message", show=False),
-        Binding("down,j", "select(1)", "Next message", show=False),
-        Binding("home", "select_edge(0)", "First message", show=False),
-        Binding("end", "select_edge(-1)", "Last message", show=False),
-        Binding("enter,escape", "back_to_input", "Back to the message box", show=False),
-        Binding("question_mark", "app.help", "Help", show=False),
-        Binding("c", "app.copy_message", "Copy"),
-        Binding("b", "app.copy_code", "Copy code"),
-        Binding("e", "app.edit_message", "Edit"),
-        Binding("z", "app.replay", "Replay K0"),
-    ]
-
-    selected: reactive[MessageView | None] = reactive(None, init=False)
-
-    class SelectionChanged(Message):
-        def __init__(self, view: MessageView | None) -> None:
-            super().__init__()
-            self.view = view
-
-    @property
-    def views(self) -> list[MessageView]:
-        return list(self.query_children(MessageView))
-
-    def action_select(self, delta: int) -> None:
-        views = self.views
-        if not views:
-            return
-        if self.selected not in views:
-            index = len(views) - 1 if delta < 0 else 0
-        else:
-            index = max(0, min(len(views) - 1, views.index(self.selected) + delta))
-        self.selected = views[index]
-
-    def action_select_edge(self, index: int) -> None:
-        views = self.views
-        if views:
-            self.selected = views[index]
-
-    def action_back_to_input(self) -> None:
-        self.selected = None
-        self.app.query_one(ChatInput).focus()
-
-    def watch_selected(self, old: MessageView | None, new: MessageView | None) -> None:
-        if old is not None:
-            old.remove_class("-selected")
-        if new is not None:
-            new.add_class("-selected")
-            self.scroll_to_widget(new, animate=False)
-        self.post_message(self.SelectionChanged(new))
-
-    def on_message_view_selected(self, message: MessageView.Selected) -> None:
-        self.selected = message.view
-
-
-class StatusBar(Static):
-    """The top line: models, backend, draft length K, sampling, state."""
 
 
 class StatsPanel(VerticalScroll, can_focus=False):

@@ -1,0 +1,392 @@
+"""The chat view: the message list, the loading line, the legend, the message box, and the reply
+streaming into the list (the live turn).
+
+``ChatView`` owns what the user reads and types. It asks its conversation (``chat``) for every
+turn (``begin``, ``regenerate``, ``edit``), runs ``chat.stream`` in a worker thread that posts the
+events in one ``ReplyEvents`` per speculation step (never per character), applies them to the
+turn on the UI thread (``Turn.apply``: the one path every front end takes), renders what they
+added, and ends the turn through the conversation (``finish`` / ``fail``). Views follow the
+conversation's messages (``MessageList.sync``).
+
+The app calls its methods (what the keys do, ``open_chat``, ``models_loaded``) and hears from it
+through messages: ``ChatView.Changed`` when a turn, a replay, an edit or the chat shown started or
+ended (``step`` True: a step of the live turn was shown), so that the status line, the footer's
+keys and the stats panel follow. The conversation refuses an action with a ``UserFacingError``,
+which the view shows as a notification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.worker import get_current_worker
+
+from chatapp.chat.conversation import Conversation
+from chatapp.chat.events import StepEvent, TokenEvent
+from chatapp.chat.turns import ChatEntry, ChatEvent, Piece, PlanEvent, ReplayJob, Turn
+from chatapp.errors import UserFacingError
+from chatapp.tui.chat_input import ChatInput
+from chatapp.tui.errors import describe_error
+from chatapp.tui.loading import ModelLoader, SessionFactory
+from chatapp.tui.message_list import MessageList
+from chatapp.tui.messages import ReplayDone, ReplyEvents, ReplyFailed
+from chatapp.tui.widgets import Legend, MessageView, Note
+
+WELCOME = ("Ask anything. The small draft model proposes tokens, the target verifies them: each "
+           "token is coloured by where it came from (legend below). ctrl+↑/ctrl+↓ change the "
+           "draft length K while a reply streams, F2 shows the statistics, F1 all keys.")
+
+
+class ChatView(Vertical):
+    """The chat (see the module docstring). ``pending``: a message sent while the models load;
+    ``editing``: the user message that Enter resends in its place."""
+
+    class Changed(Message):
+        """What the view shows changed: a turn, a replay, an edit, the chat (``step`` False:
+        the keys in force may have changed too) or a step of the live turn (``step`` True)."""
+
+        def __init__(self, step: bool = False) -> None:
+            super().__init__()
+            self.step = step
+
+    def __init__(self, chat: Conversation, factory: SessionFactory, *,
+                 id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.chat = chat
+        self.factory = factory
+        self.highlight = True
+        self.pending: str | None = None
+        self.editing: ChatEntry | None = None
+        self._text_before_edit = ""
+
+    def compose(self) -> ComposeResult:
+        yield MessageList(id="conversation")
+        yield ModelLoader(self.factory, id="loading")
+        yield Legend(id="legend")
+        yield ChatInput(id="input")
+
+    @property
+    def message_list(self) -> MessageList:
+        return self.query_one("#conversation", MessageList)
+
+    @property
+    def chat_input(self) -> ChatInput:
+        return self.query_one("#input", ChatInput)
+
+    @property
+    def loader(self) -> ModelLoader:
+        return self.query_one("#loading", ModelLoader)
+
+    def _changed(self) -> None:
+        self.post_message(self.Changed())
+
+    # -- the chat shown -------------------------------------------------------------------------
+
+    async def open_chat(self, chat_id: int | None) -> None:
+        """Show saved chat ``chat_id`` (None: a new chat); a reply still streaming is stopped
+        and saved to its own chat."""
+        entries = self.chat.open_chat(chat_id)
+        self.editing = None
+        message_list = self.message_list
+        message_list.selected = None
+        await message_list.remove_children()
+        if entries:
+            await message_list.mount_all([MessageView.of(e, self.highlight) for e in entries])
+            message_list.scroll_end(animate=False)
+        else:
+            message_list.mount(Note(WELCOME, "welcome", id="welcome"))
+        self.chat_input.focus()
+        self._changed()
+
+    def add_note(self, text: str, kind: str = "warning") -> None:
+        self.message_list.mount(Note(text, kind))
+
+    def set_highlighting(self, on: bool) -> None:
+        """Token colours (True) or the replies as Markdown (False)."""
+        self.highlight = on
+        for view in self.message_list.views:
+            view.set_highlighting(on)
+        self.query_one(Legend).show_colours(on)
+
+    # -- the models -----------------------------------------------------------------------------
+
+    def start_loading(self) -> None:
+        """Load the conversation's pair (the loader's messages go up to the app)."""
+        for note in self.query("#load-error"):
+            note.remove()
+        self.loader.start(self.chat.config)
+
+    def models_loaded(self) -> None:
+        """The conversation has its models: a message sent while they loaded goes now."""
+        if self.pending is not None:
+            text, self.pending = self.pending, None
+            self.start_turn(lambda: self.chat.begin(text), queued=True)
+
+    def load_failed(self, error: str) -> None:
+        """Say why the models could not be loaded; a waiting message goes back to the box."""
+        self.message_list.mount(Note(
+            f"The models could not be loaded.\n{error}\nPress ctrl+r to try again, or F4 to "
+            "change the models.", "error", id="load-error"), before=0)
+        if self.pending is not None:
+            self._unqueue_pending()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def on_chat_input_submitted(self, message: ChatInput.Submitted) -> None:
+        text = message.text
+        if not text.strip() or not self._can_send():
+            return
+        self.chat_input.clear()
+        if self.chat.session is None:
+            self._queue(text)
+            return
+        edited, self.editing = self.editing, None
+        make = (lambda: self._resend_edited(edited, text)) if edited else (
+            lambda: self.chat.begin(text))
+        if self.start_turn(make) is None:  # refused: the text and the edit stay
+            self.editing = edited
+            self.chat_input.restore(text)
+
+    def _can_send(self) -> bool:
+        """Whether a message can be sent (or queued) now; if not, the user is told why."""
+        refusal = self._refusal()
+        if refusal is not None:
+            text, severity = refusal
+            self.notify(text, severity=severity)
+        return refusal is None
+
+    def _refusal(self) -> tuple[str, SeverityLevel] | None:
+        chat = self.chat
+        if chat.turn is not None:
+            if chat.turn.cancel.is_set():
+                return "The last reply is stopping; send again in a moment.", "information"
+            return "A reply is still streaming: Esc stops it.", "warning"
+        if self.pending is not None:
+            return "Your last message is waiting for the models.", "warning"
+        if chat.session is None and self.loader.error is not None:
+            return "The models are not loaded: ctrl+r tries again, F4 changes them.", "error"
+        if chat.session is None and self.editing is not None:
+            return "The models are loading: press Enter again once they are ready.", "warning"
+        return None
+
+    def _queue(self, text: str) -> None:
+        """Keep a message sent while the models load; it is sent once they are ready."""
+        self.pending = text
+        view = MessageView("user", text)
+        view.add_class("-queued")
+        self.message_list.add(view)
+        self.notify("Sending as soon as the models are loaded.", timeout=4)
+        self._changed()  # Esc takes it back
+
+    def _unqueue_pending(self) -> None:
+        text, self.pending = self.pending or "", None
+        for view in self.query(".-queued"):
+            view.remove()
+        self.chat_input.restore(text)
+
+    def _resend_edited(self, entry: ChatEntry, text: str) -> Turn:
+        turn, backup = self.chat.edit(entry, text)
+        if backup:
+            self.notify(f'The chat as it was is kept as "{backup}" in the chats (ctrl+o).',
+                        title="Message edited", timeout=8, markup=False)
+        return turn
+
+    # -- the live turn --------------------------------------------------------------------------
+
+    def start_turn(self, make: Callable[[], Turn], queued: bool = False) -> Turn | None:
+        """Start the turn ``make`` asks the conversation for, show it and stream it; None (and
+        a notification) when the conversation refuses."""
+        try:
+            turn = make()
+        except UserFacingError as error:
+            self.notify(str(error), severity="warning", markup=False)
+            return None
+        if queued:
+            for view in self.query(".-queued"):
+                view.remove_class("-queued")
+                view.entry = turn.user_entry
+        message_list = self.message_list
+        message_list.sync(self.chat.entries, self.highlight)
+        message_list.add(MessageView("assistant", k_label=turn.k_label(),
+                                     highlight=self.highlight, turn=turn,
+                                     target_rpc=self.chat.config.rpc))
+        message_list.selected = None
+        self._changed()
+        self._stream(turn)
+        return turn
+
+    @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
+    def _stream(self, turn: Turn) -> None:
+        """(Worker thread.) Post ``turn``'s events to the view in order, in batches: the plan
+        and the prompt at once, each step's tokens with its ``StepEvent``, the end; a failure
+        after the events before it."""
+        worker = get_current_worker()
+        batch: list[ChatEvent] = []
+        try:
+            for event in self.chat.stream(turn):
+                if worker.is_cancelled:
+                    turn.cancel.set()
+                batch.append(event)
+                if not isinstance(event, TokenEvent):
+                    self.post_message(ReplyEvents(turn, batch))
+                    batch = []
+        except Exception as error:  # shown in the app; the typed text goes back to the input
+            if batch:
+                self.post_message(ReplyEvents(turn, batch))
+            text = describe_error(error)
+            if turn.not_sent:
+                text = (f"Your message was not sent. {text} (In the app: Settings, F4, "
+                        "Context.) Your message is back in the message box.")
+            self.post_message(ReplyFailed(turn, text))
+
+    def on_reply_events(self, message: ReplyEvents) -> None:
+        """Apply the events to their turn, show what they added, and end the turn through the
+        conversation once it is done."""
+        turn = message.turn
+        running = self.app.is_running
+        view = self.message_list.view_of(turn) if running else None
+        shown = len(turn.pieces)
+        for event in message.events:
+            turn.apply(event)
+        if view is not None:
+            self._show_events(view, turn, message.events, turn.pieces[shown:])
+        if turn.done:
+            entry = self.chat.finish(turn)
+            if not running:  # quitting: it is saved, leave the widgets alone
+                return
+            if view is not None:
+                view.finish(entry)
+            self._changed()
+
+    def _show_events(self, view: MessageView, turn: Turn, events: list[ChatEvent],
+                     pieces: list[Piece]) -> None:
+        """Show a batch of ``turn``'s events, already applied, in its ``view``: the plan's
+        notes, the new ``pieces``, and after a step the header (and a ``Changed``)."""
+        for event in events:
+            if isinstance(event, PlanEvent):
+                self._show_plan(view, event)
+        stepped = any(isinstance(event, StepEvent) for event in events)
+        if pieces or stepped:
+            view.k_label = turn.k_label()
+            view.append(pieces)
+            view.update_header(turn.stats())
+        if stepped:
+            self.post_message(self.Changed(step=True))
+
+    def _show_plan(self, view: MessageView, plan: PlanEvent) -> None:
+        """What the user should know about the prompt: messages left out, a template note."""
+        if plan.dropped_messages:
+            n = plan.dropped_messages
+            words = "message was" if n == 1 else f"{n} messages were"
+            self.message_list.mount(Note(
+                f"The oldest {words} left out of the context so that the conversation fits the "
+                f"model's window ({self.chat.config.n_ctx} tokens).", "warning"), before=view)
+        if plan.note:
+            self.message_list.mount(Note(plan.note, "warning"), before=view)
+
+    def on_reply_failed(self, message: ReplyFailed) -> None:
+        turn = message.turn
+        running = self.app.is_running
+        view = self.message_list.view_of(turn) if running else None
+        kept = self.chat.fail(turn)
+        if not running:
+            return
+        if kept is not None and view is not None:
+            view.finish(kept)
+        elif kept is None:
+            if view is not None:
+                view.remove()
+            self.message_list.sync(self.chat.entries, self.highlight)
+            if turn.user_entry is not None:
+                self.chat_input.restore(turn.user_text)
+        self._changed()
+        title = "Message too long" if turn.not_sent else "The reply failed"
+        if view is not None:
+            note = message.error if turn.not_sent else f"The reply failed. {message.error}"
+            self.message_list.mount(Note(note, "error"))
+        self.notify(message.error, title=title, severity="error", timeout=10, markup=False)
+
+    def stop(self) -> None:
+        """Esc: stop the reply or the replay; take back a message waiting for the models;
+        cancel an edit (the text typed before it comes back)."""
+        chat = self.chat
+        if chat.turn is not None:
+            chat.turn.cancel.set()
+        elif chat.replaying is not None:
+            chat.replaying.cancel.set()
+        elif self.pending is not None:
+            self._unqueue_pending()
+        elif self.editing is not None:
+            self.editing = None
+            self.chat_input.show_text(self._text_before_edit)
+            self.notify("Edit cancelled.", timeout=3)
+        self._changed()
+
+    # -- what the user does with the messages ---------------------------------------------------
+
+    def regenerate(self, new_seed: bool = False) -> None:
+        """The last reply again (``new_seed``: from a fresh random seed)."""
+        turn = self.start_turn(lambda: self.chat.regenerate(new_seed))
+        if turn is not None and new_seed:
+            self.notify(f"Regenerating with the new seed {turn.meta['seed']}.", timeout=4)
+
+    def edit_message(self) -> None:
+        """Put the selected (or last) user message in the message box; Enter resends it."""
+        entry = self.message_list.picked_entry(self.chat.entries, "user")
+        if entry is None:
+            self.notify("There is no message of yours to edit yet.", severity="warning")
+            return
+        if self.chat.busy:
+            self.notify("Wait for the reply to end (Esc stops it), then edit.",
+                        severity="warning")
+            return
+        if self.editing is None:
+            self._text_before_edit = self.chat_input.text
+        self.editing = entry
+        self.chat_input.show_text(entry.content)
+        self.chat_input.focus()
+        self.notify("Editing your message: Enter resends it and replaces the later turns; "
+                    "Esc cancels.", timeout=6)
+        self._changed()
+
+    def replay(self) -> None:
+        """Decode the selected (or last) reply again with the target alone, to measure what
+        speculation bought on it; the result goes to the reply's statistics."""
+        view = self.message_list.reply_view()
+        if view is None or view.entry is None:
+            self.notify("There is no finished reply to replay yet.", severity="warning")
+            return
+        try:
+            job = self.chat.prepare_replay(view.entry)
+        except UserFacingError as error:
+            self.notify(str(error), severity="warning", markup=False)
+            return
+        self.notify("Replaying this reply at K 0 (the target alone) to measure its speedup; "
+                    "Esc stops.", timeout=5)
+        self._changed()
+        self._run_replay(job)
+
+    @work(thread=True, exclusive=True, group="replay", exit_on_error=False)
+    def _run_replay(self, job: ReplayJob) -> None:
+        try:
+            self.post_message(ReplayDone(job, self.chat.run_replay(job)))
+        except Exception as error:  # shown as a notification, never a traceback
+            self.post_message(ReplayDone(job, None, describe_error(error)))
+
+    def on_replay_done(self, message: ReplayDone) -> None:
+        self.chat.end_replay(message.job, message.result)
+        if not self.app.is_running:
+            return
+        if message.error:
+            self.notify(message.error, title="The replay failed", severity="error",
+                        timeout=10, markup=False)
+        elif message.result is None:
+            self.notify("Replay stopped.", timeout=3)
+        else:
+            self.notify(message.result.summary(), title="Replay at K 0", timeout=10)
+        self._changed()

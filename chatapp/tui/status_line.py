@@ -1,0 +1,75 @@
+"""The status line at the top: the backend, who drafts for which target, the draft length K, the
+sampling settings and what the app is doing (loading, streaming, replaying, editing, ready)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.widgets import Static
+
+from chatapp.chat.conversation import Conversation
+from chatapp.settings.config import Config, rpc_label
+from chatapp.tui.loading import ModelLoader
+
+
+def drafter_label(config: Config) -> str:
+    """Who drafts, for the status line: the draft model, prompt lookup, or lookup then the
+    model."""
+    model = short_model_name(config.draft)
+    return {"ngram": "prompt lookup", "ngram+model": f"prompt lookup + {model}"}.get(
+        config.drafter, model)
+
+
+def short_model_name(name: str) -> str:
+    """A model's file name without its folders; an alias as it is."""
+    return Path(name).name if "/" in name or "\\" in name else name
+
+
+class StatusBar(Static):
+    """The top line: models, backend, draft length K, sampling, state."""
+
+    def show(self, chat: Conversation, loader: ModelLoader, editing: bool) -> None:
+        """Show ``chat``'s models and settings, and the state of ``chat``, ``loader`` and an
+        edit in the message box (``editing``)."""
+        config, session = chat.config, chat.session
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(" specchat ", style="bold reverse")
+        where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
+        text.append(f" {config.backend} │ draft {drafter_label(config)} → target "
+                    f"{short_model_name(config.target)}{where} │ ")
+        text.append(f"K {chat.k_label}", style="bold")
+        if session is not None and not chat.has_drafter:
+            text.append(" (no draft loaded)")
+        sampling = session.settings.sampling if session else None
+        temperature = sampling.temperature if sampling else config.temperature
+        text.append(f" │ T {temperature:g}")
+        top_p = sampling.top_p if sampling else config.top_p
+        top_k = sampling.top_k if sampling else config.top_k
+        if top_p < 1:
+            text.append(f" top-p {top_p:g}")
+        if top_k:
+            text.append(f" top-k {top_k}")
+        text.append(" │ ")
+        text.append(*state_text(chat, loader, editing))
+        self.update(text)
+
+
+def state_text(chat: Conversation, loader: ModelLoader, editing: bool) -> tuple[str, str]:
+    """What the app is doing, and its style."""
+    if loader.error is not None:
+        return "load failed (ctrl+r retry)", "bold red"
+    if chat.session is None:
+        _message, fraction = loader.state
+        percent = f" {fraction:.0%}" if fraction is not None else ""
+        return f"loading…{percent}", "yellow"
+    if chat.turn is not None:
+        if chat.turn.cancel.is_set():
+            return "stopping…", "yellow"
+        stats = chat.turn.stats()
+        return f"streaming {stats.tokens_per_s:.1f} tok/s (Esc stops)", "green"
+    if chat.replaying is not None:
+        return "replaying at K 0… (Esc stops)", "yellow"
+    if editing:
+        return "editing a message (Enter resends, Esc cancels)", "yellow"
+    return "ready", "green"

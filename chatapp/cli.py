@@ -89,6 +89,9 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--max-tokens", **_option("max_tokens"), help="longest reply, in tokens")
     common.add_argument("--system", dest="system_prompt", help="system prompt")
     common.add_argument("--n-ctx", **_option("n_ctx"), help="context window, in tokens")
+    common.add_argument("--overflow", **_option("overflow"), help="a message that would not fit "
+                        "the context: leave the oldest turns out of the model's view "
+                        "(drop-oldest, the default) or refuse to send it")
     common.add_argument("--threads", **_option("threads"), help="CPU threads")
     common.add_argument("--gpu-layers", **_option("gpu_layers"),
                         help="layers offloaded to the GPU (llama backend)")

@@ -55,7 +55,8 @@ def test_wrong_type_names_the_key(tmp_path: Path) -> None:
                                        ("temperature = -1", "temperature"),
                                        ('draft_length = 99', "draft_length"),
                                        ('backend = "gpu"', "backend"),
-                                       ('draft_backend = "onnx"', "draft_backend")])
+                                       ('draft_backend = "onnx"', "draft_backend"),
+                                       ('overflow = "drop-newest"', "overflow")])
 def test_out_of_range_values_name_the_key_and_line(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"line 2: {key}"):
         load_config(_write(tmp_path, f"seed = 3\n{text}\n"))
@@ -69,6 +70,20 @@ def test_cli_flags_override_the_file(tmp_path: Path) -> None:
     assert config.temperature == 0.0 and config.top_k == 5 and config.draft_length == "2"
 
 
+def test_the_overflow_policy_is_read_from_the_file_and_the_flag(tmp_path: Path) -> None:
+    assert Config().overflow == "drop-oldest"
+    path = _write(tmp_path, 'overflow = "refuse"\n')
+    assert load_settings(build_parser().parse_args(["--config", str(path), "run", "x"])
+                         ).overflow == "refuse"
+    args = build_parser().parse_args(["--config", str(path), "--overflow", "drop-oldest", "tui"])
+    assert load_settings(args).overflow == "drop-oldest"
+    with pytest.raises(ConfigError, match=r"line 1: unknown setting 'overflw'.*'overflow'"):
+        load_config(_write(tmp_path, 'overflw = "refuse"\n'))
+    with pytest.raises(ConfigError, match=r"line 1: overflow must be drop-oldest or refuse, "
+                                          r"got 'drop'"):
+        load_config(_write(tmp_path, 'overflow = "drop"\n'))
+
+
 def test_flags_before_the_subcommand_count_too(tmp_path: Path) -> None:
     args = build_parser().parse_args(["--config", str(tmp_path / "x.toml"), "--top-p", "0.5",
                                       "run", "hi"])
@@ -77,7 +92,7 @@ def test_flags_before_the_subcommand_count_too(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [["run", "-k", "-1", "x"], ["run", "--temperature", "-0.5", "x"],
                                   ["run", "--top-p", "0", "x"], ["run", "--top-p", "1.01", "x"],
-                                  ["run", "-k", "17", "x"]])
+                                  ["run", "-k", "17", "x"], ["run", "--overflow", "cut", "x"]])
 def test_out_of_range_flags_are_refused(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
@@ -128,6 +143,7 @@ configs = st.builds(
     threads=st.none() | st.integers(1, 512), gpu_layers=st.integers(-1, 999),
     device=st.sampled_from(["auto", "cpu", "cuda", "cuda:1"]),
     dtype=st.sampled_from(["auto", "float32", "bfloat16", "float16"]),
+    overflow=st.sampled_from(["drop-oldest", "refuse"]),
 )
 
 

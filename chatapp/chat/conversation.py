@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chatapp.backends.chat_template import ChatMessage
-from chatapp.chat.attachments import Attachment, check_fits
+from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.chats import SavedChats, chat_title
+from chatapp.chat.context import ContextUse, check_message, check_room, measure
 from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.loader import generation_settings
 from chatapp.chat.session import ChatSession, fallback_template_note
-from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn, turn_meta
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
@@ -43,9 +44,6 @@ from chatapp.settings.config import Config
 if TYPE_CHECKING:
     from chatapp.drafters.suffix import SuffixSource
 
-# Fields whose change needs the models loaded again.
-RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
-                 "gpu_layers", "device", "dtype", "rpc", "tensor_split")
 # A target-only turn shorter than this is too noisy to be the speedup baseline.
 MIN_BASELINE_TOKENS = 8
 
@@ -114,7 +112,7 @@ class Conversation:
             self.session.configure(generation_settings(config), config.system_prompt)
             if config.seed is not None and config.seed != old.seed:
                 self.session.reseed(config.seed)
-        return any(getattr(old, name) != getattr(config, name) for name in RELOAD_FIELDS)
+        return config.needs_reload(old)
 
     # -- the draft length ------------------------------------------------------------------------
 
@@ -180,10 +178,10 @@ class Conversation:
 
     def begin(self, text: str, attachments: Sequence[Attachment] = ()) -> Turn:
         """A new user message (with the files ``attachments``, read by ``read_attachment``) and
-        the turn that answers it. Files that would not fit the context are refused
-        (``AttachmentError``, nothing saved)."""
+        the turn that answers it; refused, nothing saved, when its files would not fit, or the
+        turn would not under ``overflow = "refuse"`` (``chatapp.chat.context.check_message``)."""
         session = self._check_idle()
-        check_fits(text, attachments, session.message_tokens, session.prompt_room)
+        check_message(session, self.messages, text, attachments, self.config.overflow)
         entry = ChatEntry("user", text, self._save_user_message(text, attachments),
                           attachments=tuple(attachments))
         self.entries.append(entry)
@@ -193,9 +191,10 @@ class Conversation:
         """The last reply made again with the same settings (``new_seed``: the random generator
         restarted from a fresh seed, in ``turn.meta["seed"]``). The old reply is replaced once
         the new one is done; if the new one fails before its first token, it stays."""
-        self._check_idle()
+        session = self._check_idle()
         if len(self.entries) < 2 or self.entries[-1].role != "assistant":
             raise ChatActionError("There is no reply to regenerate yet: send a message first.")
+        check_room(session, self.messages[:-1], self.config.overflow)
         old = self.entries.pop()
         meta: dict[str, Any] = {}
         if new_seed:
@@ -211,10 +210,19 @@ class Conversation:
         session = self._check_idle()
         if entry not in self.entries or entry.role != "user":
             raise ChatActionError("Only your own messages of this chat can be edited.")
-        check_fits(text, entry.attachments, session.message_tokens, session.prompt_room)
+        check_message(session, self.messages[:self.entries.index(entry)], text,
+                      entry.attachments, self.config.overflow)
         backup = self.chats.keep_before_edit(self.chat_id, entry.message_id)
         del self.entries[self.entries.index(entry):]
         return self.begin(text, entry.attachments), backup
+
+    def context_use(self, text: str = "",
+                    attachments: Sequence[Attachment] = ()) -> ContextUse | None:
+        """The next turn's context with the message ``text`` (``measure``); None: no models."""
+        if self.session is None:
+            return None
+        message = ChatMessage("user", message_text(text, attachments))
+        return measure(self.session, [*self.messages, message], self.config.overflow)
 
     def _check_idle(self) -> ChatSession:
         session = self._require_session()
@@ -233,19 +241,11 @@ class Conversation:
                replaces: ChatEntry | None = None, meta: dict[str, Any] | None = None) -> Turn:
         turn = Turn(messages=self.messages, user_text=user_text, chat_id=self.chat_id,
                     epoch=self.epoch, user_entry=user_entry, replaces=replaces,
-                    meta=self._turn_meta() | (meta or {}), k_start=self.policy.current_k(),
+                    meta=turn_meta(self._require_session().settings, self.config, self.k_label)
+                    | (meta or {}), k_start=self.policy.current_k(),
                     adaptive=self.policy.adaptive)
         self.turn = turn
         return turn
-
-    def _turn_meta(self) -> dict[str, Any]:
-        settings = self._require_session().settings
-        config = self.config
-        return {"k": self.k_label, "temperature": settings.sampling.temperature,
-                "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
-                "max_tokens": settings.max_tokens, "draft": config.draft,
-                "target": config.target} | (
-                    {"target_rpc": list(config.rpc)} if config.rpc else {})
 
     def stream(self, turn: Turn) -> Iterator[ChatEvent]:
         """(Worker thread.) ``turn``'s events: a ``PlanEvent``, then the engine's. Raises what

@@ -90,30 +90,60 @@ class ChatSession:
     def message_tokens(self, text: str) -> int:
         """The length of the prompt that holds the system prompt and the user message ``text``
         alone (what must fit however many older turns are left out)."""
+        return len(self.prompt([ChatMessage("user", text)]))
+
+    def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The prompt tokens of ``messages`` (their system messages left out), after the system
+        prompt, through the target's chat template."""
         system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        return len(self.engine.target.chat_prompt(system + [ChatMessage("user", text)]))
+        return self.engine.target.chat_prompt(system + [m for m in messages if m.role != "system"])
+
+    def fit(self, messages: Sequence[ChatMessage]) -> PromptPlan | None:
+        """The prompt of ``messages`` (system messages left out) with the fewest oldest messages
+        left out so that it and ``reply_room`` fit the context window; None when even the newest
+        message alone does not fit. The prompt starts at a user message (whole turns leave), at
+        the first message, or at the newest alone.
+
+        Assumes that leaving more out never makes the prompt longer (true of chat templates),
+        so the start is found by bisection: a few tokenizations, however long the chat."""
+        history = [m for m in messages if m.role != "system"]
+        if not history:
+            return None
+        starts = [i for i, m in enumerate(history) if i == 0 or m.role == "user"]
+        starts += [] if starts[-1] == len(history) - 1 else [len(history) - 1]
+        found: dict[int, list[int]] = {}
+
+        def fits(start: int) -> bool:
+            found[start] = self.prompt(history[start:])
+            return len(found[start]) <= self.prompt_room
+
+        low, high = 0, len(starts) - 1
+        if not fits(starts[high]):
+            return None
+        while low < high:  # the first start that fits is in starts[low:high + 1]
+            middle = (low + high) // 2
+            if fits(starts[middle]):
+                high = middle
+            else:
+                low = middle + 1
+        start = starts[low]  # tested, and it fitted
+        return PromptPlan(found[start], start, self.engine.target.uses_fallback_template)
 
     def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
-        """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits.
+        """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits
+        (``fit``).
 
         Raises ``ContextOverflowError`` when even the newest message alone does not fit.
         """
+        plan = self.fit(messages)
+        if plan is not None:
+            return plan
         target = self.engine.target
-        room = self.reply_room
-        system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        history = [m for m in messages if m.role != "system"]
-        for dropped in range(len(history)):
-            kept = history[dropped:]
-            if kept[0].role != "user" and len(kept) > 1:
-                continue  # a conversation restarts at a user turn
-            tokens = target.chat_prompt(system + kept)
-            if len(tokens) + room <= target.n_ctx:
-                return PromptPlan(tokens, dropped, target.uses_fallback_template)
-        tokens = target.chat_prompt(system + history[-1:])
+        tokens = self.prompt([m for m in messages if m.role != "system"][-1:])
         raise ContextOverflowError(
             f"Your message is {len(tokens)} tokens with the chat template, and the context window "
-            f"holds {target.n_ctx} with {room} kept for the reply. Shorten the message, or start "
-            "specchat with a larger --n-ctx."
+            f"holds {target.n_ctx} with {self.reply_room} kept for the reply. Shorten the "
+            "message, or start specchat with a larger --n-ctx."
         )
 
     def stream(self, messages: Sequence[ChatMessage], policy: DraftPolicy,

@@ -17,7 +17,9 @@ from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.history import StoredMessage
 from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.engine.loop import GenerationSettings
 from chatapp.engine.stats import ReplayStats, TurnStats
+from chatapp.settings.config import Config
 
 Piece = tuple[str, TokenSource]
 
@@ -132,6 +134,15 @@ class Turn:
     @property
     def last_k(self) -> int | None:
         return self.steps[-1].k if self.steps else None
+
+
+def turn_meta(settings: GenerationSettings, config: Config, k: str) -> dict[str, Any]:
+    """What a reply keeps of the settings it was made with: the draft length ``k`` as shown,
+    the sampling, the longest reply, the models (and the target's RPC servers)."""
+    return {"k": k, "temperature": settings.sampling.temperature,
+            "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
+            "max_tokens": settings.max_tokens, "draft": config.draft,
+            "target": config.target} | ({"target_rpc": list(config.rpc)} if config.rpc else {})
 
 
 def k_label(k: int, adaptive: bool, ks: Sequence[int] = ()) -> str:

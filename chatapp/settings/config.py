@@ -30,6 +30,11 @@ class ConfigError(UserFacingError, ValueError):
     """A setting is invalid; the message says where and how to fix it."""
 
 
+# Fields whose change needs the models loaded again.
+RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
+                 "gpu_layers", "device", "dtype", "rpc", "tensor_split")
+
+
 @dataclass(frozen=True)
 class Config:
     draft: str = DEFAULT_DRAFT
@@ -45,6 +50,7 @@ class Config:
     max_tokens: int = 1024
     system_prompt: str = ""
     n_ctx: int = 4096
+    overflow: str = "drop-oldest"  # a turn over the context: leave the oldest turns out, or refuse
     threads: int | None = None
     gpu_layers: int = 0
     device: str = "auto"
@@ -73,6 +79,10 @@ class Config:
     def draft_backend_name(self) -> str:
         """The backend the draft model runs on: ``draft_backend``, or the target's for "same"."""
         return self.backend if self.draft_backend == "same" else self.draft_backend
+
+    def needs_reload(self, old: Config) -> bool:
+        """Whether going from ``old`` to these settings needs the models loaded again."""
+        return any(getattr(old, name) != getattr(self, name) for name in RELOAD_FIELDS)
 
     def with_overrides(self, **overrides: Any) -> "Config":
         """A copy with every non-None override applied (CLI flags)."""

@@ -27,6 +27,7 @@ DRAFT_BACKENDS = ("same", *BACKENDS)
 DRAFTERS = ("model", "ngram", "ngram+model")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LAYOUTS = ("auto", "shipped", "fast")
+OVERFLOWS = ("drop-oldest", "refuse")  # what a turn that would not fit the context does
 DEFAULT_RPC_PORT = DEFAULT_PORT  # `specchat rpc-server --port`: the CLI imports no backend
 
 
@@ -158,6 +159,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("max_tokens", int, at_least(1)),
     Option("system_prompt", str),
     Option("n_ctx", int, at_least(64)),
+    Option("overflow", str, one_of(OVERFLOWS, "drop-oldest or refuse"), OVERFLOWS),
     Option("threads", int, at_least(1)),
     Option("gpu_layers", int),
     Option("dtype", str, one_of(DTYPES, "auto, float32, bfloat16 or float16"), DTYPES),

@@ -361,17 +361,6 @@ async def test_a_failed_reply_puts_the_text_back(tui_make_app, tmp_path):
     store.close()
 
 
-async def test_dropped_messages_are_announced(tui_make_app):
-    app = tui_make_app(tui_fake_factory(n_ctx=120, max_tokens=30))
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        for text in ("the first message is here", "a second one", "and a third"):
-            await send(pilot, text)
-            await reply_done(pilot)
-        notes = [n.render().plain for n in app.query(Note)]
-        assert any("left out of the context" in n for n in notes)
-
-
 async def test_a_model_without_a_chat_template_is_announced_once(tui_make_app):
     app = tui_make_app(tui_fake_factory(chat_template=False))
     async with app.run_test(size=SIZE) as pilot:

@@ -26,7 +26,8 @@ from typing import Any
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.timer import Timer
+from textual.widgets import Footer, TextArea
 
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.loader import LoadProgress as ProgressCallback
@@ -43,8 +44,11 @@ from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
 from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
 from chatapp.tui.stats_view import TurnInfo
-from chatapp.tui.status_line import StatusBar
+from chatapp.tui.status_line import ContextMeter, StatusBar
 from chatapp.tui.widgets import StatsPanel
+
+# The context meter counts the typed text once the typing pauses this long.
+METER_DELAY_S = 0.3
 
 
 class SpecChatApp(App[int]):
@@ -70,11 +74,14 @@ class SpecChatApp(App[int]):
         self._view: ChatView | None = None
         self._quit_when_loaded = False
         self._signals = QuitSignals()
+        self._meter_timer: Timer | None = None
 
     # -- layout ---------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status")
+        with Horizontal(id="top"):
+            yield StatusBar(id="status")
+            yield ContextMeter(id="context")
         with Horizontal(id="body"):
             self._view = ChatView(self.chat, self.session_factory, id="main")
             yield self._view
@@ -132,6 +139,25 @@ class SpecChatApp(App[int]):
         self.query_one("#status", StatusBar).show(self.chat, view.loader,
                                                   view.editing is not None)
 
+    def update_context(self, marker: bool = True) -> None:
+        """The context meter follows the next turn (the chat and the message box's text), and
+        with ``marker`` the note where the model's view begins; left as it is while a worker runs
+        the models (counting needs their tokenizer): the turn's end counts again."""
+        if self.chat.busy:
+            return
+        use = self.chat.context_use(self.chat_input.text)
+        self.query_one("#context", ContextMeter).show(use)
+        if marker and use is not None:
+            self.message_list.mark_view_start(self.chat.entries, use.left_out)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        """Typing in the message box: the meter counts once the typing pauses."""
+        if event.text_area.id == "input":
+            if self._meter_timer is not None:
+                self._meter_timer.stop()
+            self._meter_timer = self.set_timer(METER_DELAY_S,
+                                               lambda: self.update_context(marker=False))
+
     def on_chat_view_changed(self, message: ChatView.Changed) -> None:
         if self.is_running:  # closing: the widgets may be gone already
             self._follow_view(message.step)
@@ -144,6 +170,7 @@ class SpecChatApp(App[int]):
         self.update_status()
         if not step:
             self.refresh_bindings()
+            self.update_context()
         self._refresh_stats()
 
     def on_message_list_selection_changed(self) -> None:
@@ -198,6 +225,7 @@ class SpecChatApp(App[int]):
                 self.told_notes.append(note)
                 self.chat_view.add_note(note)
         self.update_status()
+        self.update_context()
         self.chat_view.models_loaded()
 
     def on_load_failed(self, message: LoadFailed) -> None:
@@ -283,6 +311,7 @@ class SpecChatApp(App[int]):
         else:
             self.action_reload()
         self.update_status()
+        self.update_context()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

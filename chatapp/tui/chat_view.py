@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.worker import get_current_worker
 
+from chatapp.chat.context import ContextFullError
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.events import StepEvent, TokenEvent
 from chatapp.chat.turns import ChatEntry, ChatEvent, Piece, PlanEvent, ReplayJob, Turn
@@ -125,7 +126,9 @@ class ChatView(Vertical):
         """The conversation has its models: a message sent while they loaded goes now."""
         if self.pending is not None:
             text, self.pending = self.pending, None
-            self.start_turn(lambda: self.chat.begin(text), queued=True)
+            if self.start_turn(lambda: self.chat.begin(text), queued=True) is None:
+                self.pending = text  # refused: it goes back to the message box
+                self._unqueue_pending()
 
     def load_failed(self, error: str) -> None:
         """Say why the models could not be loaded; a waiting message goes back to the box."""
@@ -205,6 +208,8 @@ class ChatView(Vertical):
             turn = make()
         except UserFacingError as error:
             self.notify(str(error), severity="warning", markup=False)
+            if isinstance(error, ContextFullError):  # refused: say it where the user looks
+                self.add_note(str(error), "error")
             return None
         if queued:
             for view in self.query(".-queued"):
@@ -280,12 +285,8 @@ class ChatView(Vertical):
 
     def _show_plan(self, view: MessageView, plan: PlanEvent) -> None:
         """What the user should know about the prompt: messages left out, a template note."""
-        if plan.dropped_messages:
-            n = plan.dropped_messages
-            words = "message was" if n == 1 else f"{n} messages were"
-            self.message_list.mount(Note(
-                f"The oldest {words} left out of the context so that the conversation fits the "
-                f"model's window ({self.chat.config.n_ctx} tokens).", "warning"), before=view)
+        if plan.dropped_messages:  # where the model's view begins now
+            self.message_list.mark_view_start(self.chat.entries, plan.dropped_messages)
         if plan.note:
             self.message_list.mount(Note(plan.note, "warning"), before=view)
 

@@ -16,9 +16,10 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from chatapp.chat.context import view_start_note
 from chatapp.chat.turns import ChatEntry, Turn
 from chatapp.tui.chat_input import ChatInput
-from chatapp.tui.widgets import MessageView
+from chatapp.tui.widgets import MessageView, Note
 
 # A fenced Markdown code block: ``` or ~~~, an optional language, the code, the same fence
 # (or the end of the text: a reply stopped or cut at max tokens leaves its last block open).
@@ -90,6 +91,19 @@ class MessageList(VerticalScroll, can_focus=True):
         new = [MessageView.of(entry, highlight) for entry in entries if id(entry) not in shown]
         if new:
             self.add(*new)
+
+    def mark_view_start(self, entries: Sequence[ChatEntry], left_out: int) -> None:
+        """The note that the model's view begins here, before the first of ``entries`` it reads
+        (the ``left_out`` before it are out of its view; after them all when it reads none of
+        them, only the next message); no note when it reads them all."""
+        for marker in self.query(".view-start"):
+            marker.remove()
+        first = entries[left_out] if 0 < left_out < len(entries) else None
+        before = next((view for view in self.views if view.entry is first), None)
+        if left_out and (first is None or before is not None):
+            note = Note(view_start_note(left_out), "warning")
+            note.add_class("view-start")
+            self.mount(note, before=before)
 
     def view_of(self, turn: Turn) -> MessageView | None:
         """The view ``turn`` streams into, while its chat is shown."""

@@ -124,6 +124,9 @@ class SettingsScreen(ModalScreen[Config | None]):
                     yield self._choice("draft_backend", tooltip="same: the target's backend")
                     yield Label("Drafter")
                     yield self._choice("drafter")
+                    yield Label("When full")
+                    yield self._choice("overflow", tooltip="a message over the context: leave the "
+                                       "oldest turns out of the model's view, or refuse it")
                 yield Label("System prompt", classes="dialog-heading")
                 yield TextArea(self.config.system_prompt, id="set-system_prompt",
                                soft_wrap=True, tab_behavior="focus")
@@ -200,6 +203,7 @@ class SettingsScreen(ModalScreen[Config | None]):
             backend=str(self.query_one("#set-backend", Select).value),
             draft_backend=str(self.query_one("#set-draft_backend", Select).value),
             drafter=str(self.query_one("#set-drafter", Select).value),
+            overflow=str(self.query_one("#set-overflow", Select).value),
             system_prompt=self.query_one("#set-system_prompt", TextArea).text,
         )
         return dataclasses.replace(self.config, **values)

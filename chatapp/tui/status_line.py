@@ -1,5 +1,6 @@
 """The status line at the top: the backend, who drafts for which target, the draft length K, the
-sampling settings and what the app is doing (loading, streaming, replaying, editing, ready)."""
+sampling settings and what the app is doing (loading, streaming, replaying, editing, ready); at
+its right the context meter: the tokens the next turn's prompt uses of the context window."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.widgets import Static
 
+from chatapp.chat.context import ContextUse
 from chatapp.chat.conversation import Conversation
 from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.loading import ModelLoader
@@ -73,3 +75,41 @@ def state_text(chat: Conversation, loader: ModelLoader, editing: bool) -> tuple[
     if editing:
         return "editing a message (Enter resends, Esc cancels)", "yellow"
     return "ready", "green"
+
+
+class ContextMeter(Static):
+    """The context meter: "ctx 1.2k/4k", the tokens the next turn's prompt uses of the context
+    window (the chat and the text in the message box, as the ``overflow`` setting would send
+    them), and how many of the chat's messages are out of the model's view. From 80% of the
+    window on it has the class ``-warning``. The app tells it what to show (``show``)."""
+
+    def show(self, use: ContextUse | None) -> None:
+        """Show ``use`` (None: the models are not loaded, nothing to count with)."""
+        self.set_class(use is not None and use.warning, "-warning")
+        if use is None:
+            self.update("ctx –")
+            self.tooltip = "The context used is counted once the models are loaded."
+            return
+        text = f"ctx {short_tokens(use.used)}/{short_tokens(use.n_ctx)}"
+        self.update(f"{text}, {use.left_out} out of view" if use.left_out else text)
+        self.tooltip = context_tooltip(use)
+
+
+def short_tokens(count: int) -> str:
+    """A token count in a few characters: 950, 1.2k, 4k (k = 1024 tokens)."""
+    if count < 1024:
+        return str(count)
+    return f"{count / 1024:.1f}".removesuffix(".0") + "k"
+
+
+def context_tooltip(use: ContextUse) -> str:
+    """The meter's numbers in full."""
+    text = (f"The next turn's prompt: {use.used:,} of the {use.n_ctx:,} tokens of the context "
+            f"window ({use.used / use.n_ctx:.0%}); a prompt may have {use.room:,}, the rest is "
+            "kept for the reply.")
+    if use.over:
+        text += f" {use.over:,} tokens over: the message would not be sent."
+    if use.left_out:
+        text += (f" The {use.left_out} oldest messages are out of the model's view "
+                 "(overflow = drop-oldest).")
+    return text

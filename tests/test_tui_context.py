@@ -48,21 +48,33 @@ async def test_the_meter_counts_the_typed_text_and_warns_from_80_percent(tui_mak
         assert used > 25 and meter_text(app) == f"ctx {used}/200"
 
 
+def marker_and_next(app) -> tuple[Note, object]:
+    """The note where the model's view begins, and the widget after it."""
+    children = list(app.query_one(MessageList).children)
+    [marker] = [c for c in children if c.has_class("view-start")]
+    assert isinstance(marker, Note) and marker.has_class("-warning")
+    assert marker.render().plain.startswith(
+        "Earlier messages are outside the model's view (context full)")
+    return marker, children[children.index(marker) + 1]
+
+
 async def test_drop_oldest_marks_where_the_models_view_begins(tui_make_app):
-    app = tui_make_app(tui_fake_factory(n_ctx=120, max_tokens=30))
+    # n_ctx 120, max_tokens 30: a prompt may have 90 tokens.
+    app = tui_make_app(tui_fake_factory(n_ctx=120, max_tokens=30, delay_s=0.02))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        for text in ("the first message is here", "a second one", "and a third"):
-            await send(pilot, text)
-            await reply_done(pilot)
-        left_out = app.chat.context_use("").left_out
-        assert left_out > 0 and len(app.query(MessageView)) == 6  # all still shown
-        children = list(app.query_one(MessageList).children)
-        [marker] = [c for c in children if c.has_class("view-start")]
-        assert isinstance(marker, Note) and marker.has_class("-warning")
-        assert marker.render().plain.startswith(
-            "Earlier messages are outside the model's view (context full)")
-        following = children[children.index(marker) + 1]
+        await send(pilot, "the first message is here")
+        await reply_done(pilot)
+        assert not app.query(".view-start") and app.chat.context_use("").left_out == 0
+        await send(pilot, "the " * 40)  # with the first turn, over 90 tokens
+        await wait_for(pilot, lambda: bool(app.query(".view-start")), what="the marker")
+        assert app.chat.turn is not None  # the turn's plan put it there, while it streams
+        _marker, following = marker_and_next(app)
+        assert following.entry is app.chat.entries[2]  # the first turn is out of view
+        await reply_done(pilot)
+        left_out = app.chat.context_use("").left_out  # the next turn's view, once it is done
+        assert left_out > 0 and len(app.query(MessageView)) == 4  # all still shown
+        _marker, following = marker_and_next(app)
         assert following.entry is app.chat.entries[left_out]
         assert meter_text(app).endswith(f", {left_out} out of view")
 

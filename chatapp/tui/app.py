@@ -47,8 +47,7 @@ from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.status_line import ContextMeter, StatusBar
 from chatapp.tui.widgets import StatsPanel
 
-# The context meter counts the typed text once the typing pauses this long.
-METER_DELAY_S = 0.3
+METER_DELAY_S = 0.3  # the context meter counts the typed text once the typing pauses this long
 
 
 class SpecChatApp(App[int]):
@@ -140,9 +139,8 @@ class SpecChatApp(App[int]):
                                                   view.editing is not None)
 
     def update_context(self, marker: bool = True) -> None:
-        """The context meter follows the next turn (the chat and the message box's text), and
-        with ``marker`` the note where the model's view begins; left as it is while a worker runs
-        the models (counting needs their tokenizer): the turn's end counts again."""
+        """The meter (and with ``marker`` the note where the model's view begins) follows the
+        next turn; not while a worker runs the models (their tokenizer): the turn's end does."""
         if self.chat.busy:
             return
         use = self.chat.context_use(self.chat_input.text)
@@ -151,12 +149,13 @@ class SpecChatApp(App[int]):
             self.message_list.mark_view_start(self.chat.entries, use.left_out)
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
-        """Typing in the message box: the meter counts once the typing pauses."""
-        if event.text_area.id == "input":
+        """Typing: the meter counts once it pauses (if the box is still there: not closing)."""
+        box = event.text_area
+        if box.id == "input":
             if self._meter_timer is not None:
                 self._meter_timer.stop()
-            self._meter_timer = self.set_timer(METER_DELAY_S,
-                                               lambda: self.update_context(marker=False))
+            self._meter_timer = self.set_timer(
+                METER_DELAY_S, lambda: box.is_attached and self.update_context(marker=False))
 
     def on_chat_view_changed(self, message: ChatView.Changed) -> None:
         if self.is_running:  # closing: the widgets may be gone already

@@ -29,17 +29,23 @@ def short_model_name(name: str) -> str:
 
 
 class StatusBar(Static):
-    """The top line: models, backend, draft length K, sampling, state."""
+    """The top line: models, backend, draft length K, sampling, state. When the line is too
+    long for the terminal, the models' names give way (an ellipsis), never K or the state."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._parts = (Text(), Text())  # what gives way, what stays
 
     def show(self, chat: Conversation, loader: ModelLoader, editing: bool) -> None:
         """Show ``chat``'s models and settings, and the state of ``chat``, ``loader`` and an
         edit in the message box (``editing``)."""
         config, session = chat.config, chat.session
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(" specchat ", style="bold reverse")
+        models = Text()
+        models.append(" specchat ", style="bold reverse")
         where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
-        text.append(f" {config.backend} │ draft {drafter_label(config)} → target "
-                    f"{short_model_name(config.target)}{where} │ ")
+        models.append(f" {config.backend} │ draft {drafter_label(config)} → target "
+                      f"{short_model_name(config.target)}{where}")
+        text = Text(" │ ")
         text.append(f"K {chat.k_label}", style="bold")
         if session is not None and not chat.has_drafter:
             text.append(" (no draft loaded)")
@@ -54,7 +60,17 @@ class StatusBar(Static):
             text.append(f" top-k {top_k}")
         text.append(" │ ")
         text.append(*state_text(chat, loader, editing))
-        self.update(text)
+        self._parts = (models, text)
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        """The line at the widget's width, the models' names cut first."""
+        models, rest = (part.copy() for part in self._parts)
+        if self.size.width:
+            models.truncate(max(0, self.size.width - rest.cell_len), overflow="ellipsis")
+        line = models + rest
+        line.no_wrap, line.overflow = True, "ellipsis"
+        return line
 
 
 def state_text(chat: Conversation, loader: ModelLoader, editing: bool) -> tuple[str, str]:

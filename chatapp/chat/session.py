@@ -2,12 +2,13 @@
 and decodes a reply again with the target alone (``decode_alone``: a replay at K = 0).
 
 ``ChatSession.stream(messages, ...)`` turns the conversation (system prompt first, if any) into
-prompt tokens with the target's chat template. When the conversation has outgrown the context
-window, the oldest turns are dropped (never the system prompt, never the newest user message) and
-``PromptPlan.dropped_messages`` says how many, so the UI can tell the user; when the target has no
-usable chat template, ``PromptPlan.fallback_template`` is set and ``fallback_template_note`` is what
-to tell the user. The session owns the
-random generator, seeded once, so the same seed and settings give the same conversation.
+prompt tokens with the target's chat template. When the conversation and ``reply_room`` have
+outgrown the context window, the oldest turns are dropped (``fit``: never the system prompt, never
+the newest user message) and ``PromptPlan.dropped_messages`` says how many, so the UI can tell the
+user (the ``overflow`` setting's "refuse" is the conversation's: ``chatapp.chat.context``); when
+the target has no usable chat template, ``PromptPlan.fallback_template`` is set and
+``fallback_template_note`` is what to tell the user. The session owns the random generator,
+seeded once, so the same seed and settings give the same conversation.
 """
 
 from __future__ import annotations

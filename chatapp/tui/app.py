@@ -143,7 +143,10 @@ class SpecChatApp(App[int]):
         next turn; not while a worker runs the models (their tokenizer): the turn's end does."""
         if self.chat.busy:
             return
-        use = self.chat.context_use(self.chat_input.text)
+        try:
+            use = self.chat.context_use(self.chat_input.text)
+        except UserFacingError:  # the models failed (a closed RPC target): the next turn says so
+            use = None
         self.query_one("#context", ContextMeter).show(use)
         if marker and use is not None:
             self.message_list.mark_view_start(self.chat.entries, use.left_out)

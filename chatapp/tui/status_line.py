@@ -30,7 +30,8 @@ def short_model_name(name: str) -> str:
 
 class StatusBar(Static):
     """The top line: models, backend, draft length K, sampling, state. When the line is too
-    long for the terminal, the models' names give way (an ellipsis), never K or the state."""
+    long for the terminal, the models' names give way (an ellipsis), never where the target
+    runs, K or the state."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -44,8 +45,8 @@ class StatusBar(Static):
         models.append(" specchat ", style="bold reverse")
         where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
         models.append(f" {config.backend} │ draft {drafter_label(config)} → target "
-                      f"{short_model_name(config.target)}{where}")
-        text = Text(" │ ")
+                      f"{short_model_name(config.target)}")
+        text = Text(f"{where} │ ")
         text.append(f"K {chat.k_label}", style="bold")
         if session is not None and not chat.has_drafter:
             text.append(" (no draft loaded)")

@@ -5,10 +5,13 @@ different)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
 from chatapp.drafters.prediction import PredictionSource, is_prediction_kind
+from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.fixed import FixedDraftLength
@@ -38,6 +41,23 @@ def test_the_prediction_source_follows_the_reply_and_rejoins_after_a_change() ->
 
 def test_an_empty_prediction_proposes_nothing() -> None:
     assert PredictionSource([], 2).propose([1, 2, 3], 4) == ([], "prediction")
+
+
+def test_the_drafter_drafts_the_prediction_from_the_replys_first_token() -> None:
+    """The engine prefills the prompt but its last token (fed with the first step): the first
+    proposal is the prediction's start; after ``predict(None)`` the next reply has none."""
+    drafter = NgramDrafter(64)
+    prompt = [1, 2, 3, 4]
+    drafter.predict([7, 8, 9, 10, 11])
+    drafter.prefill(prompt[:-1])
+    rng = np.random.default_rng(0)
+    proposal = drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng)
+    assert proposal.tokens == [7, 8, 9] and is_prediction_kind(proposal.source)
+    proposal = drafter.propose(prompt + [7, 8], DraftBudget.uniform(3), SamplingParams(0.0), rng)
+    assert proposal.tokens == [9, 10, 11]
+    drafter.predict(None)
+    drafter.prefill(prompt[:-1])
+    assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
 
 
 def test_replies_with_a_prediction_follow_the_target_law() -> None:

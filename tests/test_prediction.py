@@ -10,7 +10,7 @@ import numpy as np
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.drafters.prediction import PredictionSource, is_prediction_kind
+from chatapp.drafters.prediction import PredictionSource, ahead_of_edits, is_prediction_kind
 from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams
@@ -74,3 +74,11 @@ def test_replies_with_a_prediction_follow_the_target_law() -> None:
                     if source == "prediction" and size)
     assert predicted > SAMPLES // 2  # most replies drafted from the prediction
     assert sources[TokenSource.ACCEPTED] > 0 and sources[TokenSource.RESAMPLED] > 0
+
+
+def test_the_prediction_drafts_before_the_edits_only_when_it_is_the_more_confident() -> None:
+    assert ahead_of_edits("prediction-new", "")  # the edits propose nothing
+    assert ahead_of_edits("prediction-run-long", "edit-run")
+    assert ahead_of_edits("prediction-run", "edit-step")
+    assert not ahead_of_edits("prediction-run", "edit-run")  # a tie: the edits
+    assert not ahead_of_edits("prediction-step", "edit-new")

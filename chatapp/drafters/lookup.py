@@ -22,7 +22,8 @@ comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the hist
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
 source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
-given a predicted output (``predict``: ``chatapp.drafters.prediction``), which comes first.
+given a predicted output (``predict``: ``chatapp.drafters.prediction``), which comes first when
+the edits propose nothing or its cursor is the more confident, else just before the lookup.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
 draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_RUN, EditTracker
-from chatapp.drafters.prediction import PredictionSource
+from chatapp.drafters.prediction import PredictionSource, ahead_of_edits
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
@@ -240,14 +241,17 @@ class NgramDrafter:
 
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
         predicted = self.prediction_search(k)
-        if predicted[0]:
+        edit = self._edit_search(k)
+        early = bool(predicted[0]) and ahead_of_edits(predicted[1], edit[1] if edit[0] else "")
+        if early:
             yield predicted
         suffix = self.suffix_search(k)
-        edit = self._edit_search(k)
         first = suffix[1] == SUFFIX_LONG and not edit[1].startswith(EDIT_RUN)  # else edits first
         for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
             if tokens:
                 yield tokens, kind
+        if predicted[0] and not early:
+            yield predicted
         tokens, kind = self.lookup(k)
         if tokens:
             yield tokens, kind

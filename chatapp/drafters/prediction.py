@@ -12,7 +12,9 @@ make a reply faster, never different; a wrong one costs a few rejected drafts un
 shadow scores give it a budget of 0.
 
 ``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
-``prefill``); the caller removes it after the reply.
+``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
+too (the code to edit), which the speculative edits already follow: ``ahead_of_edits`` lets the
+prediction draft first only where its cursor is the more confident of the two.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from collections.abc import Callable, Sequence
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
 
 PREDICTION_KIND = "prediction"
+# How confident a cursor's proposal is, by its kind after the family ("run-long": a long run
+# since its last re-join); other kinds ("step": a guess after a divergence) rank 0.
+_CONFIDENCE = {"run-long": 3, "run": 2, "line": 1, "new": 1}
 
 
 class PredictionSource:
@@ -59,3 +64,14 @@ class PredictionSource:
 def is_prediction_kind(kind: str) -> bool:
     """Whether a proposal of ``kind`` came from a prediction."""
     return kind.split("-", 1)[0] == PREDICTION_KIND
+
+
+def _confidence(kind: str) -> int:
+    return _CONFIDENCE.get(kind.partition("-")[2], 0)
+
+
+def ahead_of_edits(predicted: str, edit: str) -> bool:
+    """Whether the prediction's proposal of kind ``predicted`` goes before the speculative edits'
+    of kind ``edit`` ("": they propose nothing): when they propose nothing, or the prediction's
+    cursor is the more confident; on a tie the edits, whose cursor follows the context itself."""
+    return not edit or _confidence(predicted) > _confidence(edit)

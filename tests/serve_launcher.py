@@ -112,9 +112,10 @@ class ServeProcess:
                 break
         return b""
 
-    def stop(self, signum: int = signal.SIGINT, timeout: float = 15) -> int:
-        """Ctrl+C (or ``signum``); the exit status (AssertionError after ``timeout`` s)."""
-        if self.process.poll() is None:
+    def stop(self, signum: int | None = signal.SIGINT, timeout: float = 15) -> int:
+        """Ctrl+C (or ``signum``; None: no signal, the server is stopping already); the exit
+        status (AssertionError after ``timeout`` s)."""
+        if signum is not None and self.process.poll() is None:
             self.process.send_signal(signum)
         try:
             _, self.stderr = self.process.communicate(timeout=timeout)

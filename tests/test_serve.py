@@ -340,7 +340,7 @@ def test_sigterm_mid_reply_ends_the_reply_answers_the_waiting_and_exits(tmp_path
         assert chunk, seen[-500:]
         seen += chunk
     thread.join(10)
-    assert server.stop(signal.SIGTERM) == 0
+    assert server.stop(None) == 0  # the first SIGTERM is enough
     assert time.monotonic() - started < 10
     assert outcome["error"].status_code == 503
     assert b"[DONE]" not in seen and b"stopping" in server.stderr

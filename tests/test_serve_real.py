@@ -70,15 +70,29 @@ def test_a_streamed_reply_equals_the_whole_one(server: ServeProcess) -> None:
 
 
 def test_a_matching_prediction_is_accepted_and_a_wrong_one_changes_nothing(server) -> None:
-    plain = ask(server, EDIT, max_tokens=80)
-    right = ask(server, EDIT, max_tokens=80, prediction={"type": "content", "content": CODE})
-    wrong = ask(server, EDIT, max_tokens=80, prediction={
-        "type": "content", "content": "SELECT name FROM users WHERE id = 1;\n" * 4})
+    """The reply itself as the prediction (the prompt does not quote it: only the prediction
+    can draft it) is drafted from and accepted; a wrong one changes nothing."""
+    plain = ask(server, PROMPT)
     text = plain.choices[0].message.content
+    right = ask(server, PROMPT, prediction={"type": "content", "content": text})
+    wrong = ask(server, PROMPT, prediction={
+        "type": "content", "content": "SELECT name FROM users WHERE id = 1;\n" * 4})
     assert right.choices[0].message.content == text == wrong.choices[0].message.content
     accepted = right.usage.completion_tokens_details.accepted_prediction_tokens
     assert accepted > 0
     extension = right.model_extra["specchat"]
     assert extension["sources"]["prediction"]["accepted"] > 0
-    assert extension["tokens_per_target_call"] > 1
+    assert extension["tokens_per_target_call"] > max(
+        1.0, plain.model_extra["specchat"]["tokens_per_target_call"])
     assert wrong.usage.completion_tokens_details.accepted_prediction_tokens < accepted
+
+
+def test_an_edit_with_its_code_as_prediction_is_the_same_reply(server) -> None:
+    """What editors send: the code the prompt quotes as the prediction. The reply is the same,
+    and the prediction tokens it repeats are reported."""
+    plain = ask(server, EDIT, max_tokens=80)
+    right = ask(server, EDIT, max_tokens=80, prediction={"type": "content", "content": CODE})
+    assert right.choices[0].message.content == plain.choices[0].message.content
+    assert right.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    assert right.model_extra["specchat"]["tokens_per_target_call"] > 1
+    assert right.model_extra["specchat"]["prediction"]["used_as_draft_source"]

@@ -185,7 +185,9 @@ def test_a_prompt_longer_than_the_context_and_an_unknown_model_are_refused(serve
     status, _, data = raw(server, "GET", "/v1/nothing")
     assert status == 404 and json.loads(data)["error"]["code"] == "not_found"
     status, headers, _ = raw(server, "GET", "/v1/chat/completions")
-    assert status == 405
+    assert status == 405 and headers["Allow"] == "POST"
+    status, answer = post(server, b'{"model": "' + b"x" * (17 * 1024 * 1024) + b'"}')
+    assert status == 413 and "16 MiB" in answer["error"]["message"]
 
 
 def test_text_parts_developer_messages_and_stop_sequences_are_served(server) -> None:

@@ -36,12 +36,13 @@ from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.chat_view import ChatView
+from chatapp.tui.chats_screen import ChatChoice, ChatListScreen
 from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
-from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
+from chatapp.tui.screens import HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.status_line import StatusBar
@@ -316,11 +317,14 @@ class SpecChatApp(App[int]):
         self.push_screen(ChatListScreen(chats, self.chat.chat_id, self.export_dir),
                          self._chat_chosen)
 
-    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
+    async def _chat_chosen(self, result: ChatChoice | None) -> None:
+        """Open the chosen chat (at the message a search found), or a new one."""
         chat_id = self.chat.chat_id
         deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
         if result is not None and result[0] == "open":
             await self.chat_view.open_chat(result[1])
+            if result[2] is not None:
+                self.message_list.show_message(result[2])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
             await self.chat_view.open_chat(None)
         self._follow_view()

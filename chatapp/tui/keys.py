@@ -44,7 +44,7 @@ HELP_TEXT = {
     "settings": "Settings: sampling, K, seed, system prompt, models",
     "new_chat": "New chat",
     "attach_file": "Attach a file: pick it in a tree, its @path goes in the message",
-    "chats": "Saved chats: open, rename, delete, export",
+    "chats": "Saved chats: open, search, rename, delete, export",
     "regenerate": "Regenerate the last reply (same settings)",
     "regenerate(True)": "Regenerate the last reply with a new random seed",
     "replay": "Replay the selected or last reply at K 0: its real speedup (F2)",
@@ -82,12 +82,13 @@ def help_sections() -> list[HelpSection]:
             ("?", "This help"),
         ]),
         ("Chat list (ctrl+o)", [
-            ("Enter", "Open the chat"),
+            ("Enter", "Open the chat (a search result: at that message)"),
+            ("/", "Search every chat by text: the matching messages, words highlighted"),
             ("n", "New chat"),
             ("r", "Rename the chat"),
             ("d, d", "Delete the chat"),
             ("e", "Export it to Markdown"),
-            ("Esc", "Close"),
+            ("Esc", "Clear the search, else close"),
         ]),
     ]
 
@@ -96,7 +97,8 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
     """The app's commands in the command palette (ctrl+p)."""
     commands: list[tuple[str, str, Callable[[], Any]]] = [
         ("New chat", "Start an empty chat (ctrl+n)", app.action_new_chat),
-        ("Chats", "Open, rename, delete or export saved chats (ctrl+o)", app.action_chats),
+        ("Chats", "Open, search, rename, delete or export saved chats (ctrl+o)",
+         app.action_chats),
         ("Settings", "Sampling, draft length, system prompt, models (F4)", app.action_settings),
         ("Attach file", "Pick a file; its @path goes into the message (ctrl+f)",
          app.action_attach_file),

@@ -11,6 +11,7 @@ from textual.widgets import DirectoryTree
 
 from chatapp.chat.mentions import complete_path, split_mentions, typed_fragment
 from chatapp.tui.file_picker import FilePickerScreen
+from chatapp.tui.keys import help_sections
 from chatapp.tui.widgets import MessageView, Note
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
 
@@ -182,3 +183,18 @@ async def test_tab_after_an_at_word_completes_the_path(tui_make_app, folder):
         await pilot.press("space", "tab")  # not after an @ word: Tab goes to the messages
         assert not app.chat_input.has_focus
         await keys(pilot, "enter")
+
+
+async def test_the_new_keys_are_in_the_help_and_the_palette(tui_make_app):
+    sections = dict(help_sections())
+    anywhere = dict(sections["Anywhere in the chat"])
+    assert "Attach a file" in anywhere["ctrl+f"]
+    box = dict(sections["Message box"])
+    assert "Attach that file" in box["@path"] and "Complete the path" in box["Tab after @…"]
+    chat_list = dict(sections["Chat list (ctrl+o)"])
+    assert "Search every chat" in chat_list["/"] and "Clear the search" in chat_list["Esc"]
+    app = tui_make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        titles = {command.title for command in app.get_system_commands(app.screen)}
+        assert "Attach file" in titles

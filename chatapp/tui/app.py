@@ -36,11 +36,13 @@ from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.chat_view import ChatView
+from chatapp.tui.chats_screen import ChatChoice, ChatListScreen
+from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
-from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
+from chatapp.tui.screens import HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.status_line import StatusBar
@@ -49,7 +51,8 @@ from chatapp.tui.widgets import StatsPanel
 
 class SpecChatApp(App[int]):
     """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
-    default place). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
+    default place); ``folder`` the one ``@path`` words and the file picker start from (None: the
+    current one). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
     (fake backends, a temporary database)."""
 
     CSS_PATH = "specchat.tcss"
@@ -59,8 +62,10 @@ class SpecChatApp(App[int]):
 
     def __init__(self, config: Config, *, config_path: Path | None = None,
                  session_factory: SessionFactory | None = None,
-                 history_path: Path | None = None, export_dir: Path | None = None) -> None:
+                 history_path: Path | None = None, export_dir: Path | None = None,
+                 folder: Path | None = None) -> None:
         super().__init__()
+        self.folder = folder or Path.cwd()
         self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or self._build_session
         self.history_path = history_path
@@ -76,7 +81,8 @@ class SpecChatApp(App[int]):
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         with Horizontal(id="body"):
-            self._view = ChatView(self.chat, self.session_factory, id="main")
+            self._view = ChatView(self.chat, self.session_factory, folder=self.folder,
+                                  id="main")
             yield self._view
             yield StatsPanel(id="stats")
         yield Footer()
@@ -265,6 +271,15 @@ class SpecChatApp(App[int]):
     def action_toggle_highlight(self) -> None:
         self.chat_view.set_highlighting(not self.chat_view.highlight)
 
+    def action_attach_file(self) -> None:
+        """Pick a file in a tree of the start folder; its ``@path`` goes in at the cursor."""
+        def picked(path: str | None) -> None:
+            if path is not None:
+                self.chat_input.insert_mention(path)
+            self.chat_input.focus()
+
+        self.push_screen(FilePickerScreen(self.folder), picked)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(help_sections()))
@@ -302,11 +317,14 @@ class SpecChatApp(App[int]):
         self.push_screen(ChatListScreen(chats, self.chat.chat_id, self.export_dir),
                          self._chat_chosen)
 
-    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
+    async def _chat_chosen(self, result: ChatChoice | None) -> None:
+        """Open the chosen chat (at the message a search found), or a new one."""
         chat_id = self.chat.chat_id
         deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
         if result is not None and result[0] == "open":
             await self.chat_view.open_chat(result[1])
+            if result[2] is not None:
+                self.message_list.show_message(result[2])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
             await self.chat_view.open_chat(None)
         self._follow_view()

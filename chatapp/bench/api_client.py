@@ -45,25 +45,30 @@ def post_completion(base_url: str, body: dict[str, Any],
 
 @dataclass(frozen=True)
 class Streamed:
-    """A streamed reply: its text, the server's figures (the last chunk's ``specchat`` field)
-    and the client's timings (seconds; the rate in tokens per second, 0 when a single chunk
-    carried every token)."""
+    """A streamed reply: its text and tokens, the server's figures (the last chunk's
+    ``specchat`` field) and ``usage``, and the client's timings (seconds; the rate in tokens per
+    second, 0 when a single chunk carried every token)."""
 
     text: str
+    tokens: int
     figures: dict[str, Any]
+    usage: dict[str, Any]
     client_ttft_s: float
     client_tokens_per_s: float
 
 
 def stream_completion(base_url: str, body: dict[str, Any],
                       api_key: str | None = None) -> Streamed:
-    """``body`` sent with ``stream``, read to ``[DONE]`` and timed (see the module docstring)."""
+    """``body`` sent with ``stream`` (and the usage chunk), read to ``[DONE]`` and timed (see
+    the module docstring)."""
     started = time.perf_counter()
     texts: list[str] = []
     first_at = last_at = 0.0
     first_tokens = tokens = 0
     figures: dict[str, Any] = {}
-    with _open(base_url, {**body, "stream": True}, api_key) as response:
+    usage: dict[str, Any] = {}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with _open(base_url, body, api_key) as response:
         for line in response:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
                 continue
@@ -79,9 +84,11 @@ def stream_completion(base_url: str, body: dict[str, Any],
                 texts.append(delta["content"])
             elif "decode_tokens_per_s" in extension:
                 figures = extension
+            usage = chunk.get("usage") or usage
     after_first = last_at - first_at
     rate = (tokens - first_tokens) / after_first if after_first > 0 else 0.0
-    return Streamed("".join(texts), figures, first_at - started if texts else 0.0, rate)
+    ttft = first_at - started if texts else 0.0
+    return Streamed("".join(texts), tokens, figures, usage, ttft, rate)
 
 
 def guarded(prog: str, action: Callable[[], object]) -> int:

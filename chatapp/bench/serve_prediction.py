@@ -19,20 +19,17 @@ It talks HTTP only (the standard library's client), like any other client of the
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
+from chatapp.bench.api_client import guarded, post_completion, request_body
 from chatapp.bench.report import geometric_mean
 from chatapp.bench.specs import BenchPrompt, load_prompts, select_prompts
 
 _CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
-TIMEOUT_S = 600.0
 
 
 def original_code(prompt: str) -> str:
@@ -60,16 +57,10 @@ class Reply:
 def complete(base_url: str, prompt: str, max_tokens: int, prediction: str | None,
              api_key: str | None = None) -> Reply:
     """One greedy chat completion of ``prompt`` at ``base_url`` (".../v1")."""
-    body: dict[str, Any] = {"model": "specchat", "max_tokens": max_tokens, "temperature": 0,
-                            "seed": 0, "messages": [{"role": "user", "content": prompt}]}
-    if prediction is not None:
-        body["prediction"] = {"type": "content", "content": prediction}
-    request = urllib.request.Request(
-        base_url.rstrip("/") + "/chat/completions", data=json.dumps(body).encode("utf-8"),
-        headers={"Content-Type": "application/json",
-                 "Authorization": f"Bearer {api_key or 'unused'}"})
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-        answer = json.loads(response.read())
+    extra = {"prediction": {"type": "content", "content": prediction}} if (
+        prediction is not None) else {}
+    body = request_body([{"role": "user", "content": prompt}], max_tokens, **extra)
+    answer = post_completion(base_url, body, api_key)
     usage, figures = answer["usage"], answer["specchat"]
     details = usage["completion_tokens_details"]
     return Reply(answer["choices"][0]["message"]["content"], usage["completion_tokens"],
@@ -112,21 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--api-key", help="the servers' key, if they have one")
     args = parser.parse_args(argv)
-    try:
+
+    def measure_all() -> None:
         prompts = select_prompts(load_prompts(), args.prompts)
         measure(args.plain_url, args.predicted_url, prompts, args.max_tokens, sys.stdout,
                 args.api_key)
-    except ValueError as error:
-        print(f"serve_prediction: {error}", file=sys.stderr)
-        return 2
-    except urllib.error.HTTPError as error:
-        print(f"serve_prediction: the server refused a request ({error.code}): "
-              f"{error.read().decode('utf-8', 'replace')}", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as error:
-        print(f"serve_prediction: the server did not answer: {error}", file=sys.stderr)
-        return 1
-    return 0
+
+    return guarded("serve_prediction", measure_all)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Command line: `specchat` (the chat app), `specchat web` (the app in a browser tab),
-`specchat run`, `specchat bench`, `specchat models`, `specchat rpc-server` (this machine's CPU
-or GPU for another machine's target, see the README).
+`specchat serve` (an OpenAI-compatible API), `specchat run`, `specchat bench`, `specchat models`,
+`specchat rpc-server` (this machine's CPU or GPU for another machine's target, see the README).
 
 Every user mistake (bad option, unknown model, broken config, incompatible pair) ends in one
 readable line on stderr and exit status 1 or 2, never a traceback.
@@ -30,7 +30,7 @@ from chatapp.settings.options import (
     endpoint_list,
 )
 
-SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "rpc-server", "chats")
+SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "serve", "chats", "rpc-server")
 
 
 _positive_int = arg_type(int, at_least(1), "positive_int")
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--port", type=_port, default=0, help="port (default: a free one)")
     web.add_argument("--no-open", dest="open", action="store_false",
                      help="print the address, do not open the browser")
+    _add_serve_parser(commands, common)
     run = commands.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", help="the prompt; - reads it from stdin")
     run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
@@ -186,6 +187,29 @@ def model_argv(args: argparse.Namespace) -> list[str]:
     return [f"{max(action.option_strings, key=len)}={given[action.dest]}"
             for action in _model_options()._actions
             if action.option_strings and action.dest in given]
+
+
+def _add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    serve = commands.add_parser("serve", parents=[common], help="serve the models over an "
+                                "OpenAI-compatible API (chat completions), on 127.0.0.1 by "
+                                "default")
+    serve.add_argument("--host", default="127.0.0.1", help="IP address to listen on (default "
+                       "127.0.0.1; any other needs an API key)")
+    serve.add_argument("--port", type=_port_or_free, default=8000,
+                       help="TCP port (default 8000; 0: a free one)")
+    serve.add_argument("--api-key", help="the key clients must send (Authorization: Bearer "
+                       "KEY); better given as SPECCHAT_API_KEY, which the process list does "
+                       "not show")
+    serve.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                       help="let web pages of ORIGIN (e.g. http://localhost:3000) call the API; "
+                       "repeatable")
+    serve.add_argument("--queue", type=_non_negative_int, default=4, help="requests that may "
+                       "wait while one reply is made (default 4; more get 429)")
+    serve.add_argument("--save", action="store_true", help="write the requests and replies to "
+                       "the chat history, and index it for drafting across restarts")
+
+
+_port_or_free = arg_type(int, Rule("0..65535", lambda port: 0 <= port <= 65535), "port")
 
 
 def _add_rpc_server_parser(commands: Any) -> None:
@@ -281,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return models_command(config)
         if command == "bench":
             return bench(config, args)
+        if command == "serve":
+            from chatapp.serve.command import ServeOptions, serve_command
+
+            return serve_command(config, ServeOptions(
+                args.host, args.port, args.api_key, tuple(args.cors), args.queue, args.save))
         if command == "web":
             from chatapp.web import app_command, web_command
 

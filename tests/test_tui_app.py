@@ -11,13 +11,8 @@ from chatapp.backends.base import BackendError
 from chatapp.chat.history import HistoryStore
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.settings.config import Config
-from chatapp.tui.screens import (
-    ChatListScreen,
-    HelpScreen,
-    SettingsScreen,
-    TitleDialog,
-    key_label,
-)
+from chatapp.tui.chats_screen import ChatListScreen, TitleDialog
+from chatapp.tui.screens import HelpScreen, SettingsScreen, key_label
 from chatapp.tui.widgets import Legend, MessageView, Note, TokenText
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
 

@@ -160,16 +160,19 @@ def generation_settings(config: Config) -> GenerationSettings:
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
-                  history: HistoryStore | None = None) -> ChatSession:
+                  history: HistoryStore | None = None, keep_index: bool = False) -> ChatSession:
     """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
     With ``history`` the default drafter's suffix index covers its chats: the session's
     ``history_index`` (``load_history_index``), which the conversation keeps told of the open
-    chat and of deleted ones."""
+    chat and of deleted ones. ``keep_index``: without a history too, the session holds the
+    default drafter's suffix index (empty at first: the API server's index of what it served)."""
     target = load_backend(config.target, "target", config, progress)
     index: SuffixSource | None = None
     try:
-        if with_draft and history is not None and config.drafter in ("ngram", "ngram+model"):
-            index = load_history_index(history, target, config)
+        if with_draft and config.drafter in ("ngram", "ngram+model") and (
+                history is not None or keep_index):
+            index = load_history_index(history, target, config) if history is not None else (
+                SuffixSource(HistoryCorpus()))
         drafter = make_drafter(config, target, progress, history_index=index) if (
             with_draft) else None
     except Exception:

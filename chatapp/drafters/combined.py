@@ -31,6 +31,10 @@ class NgramModelDrafter:
     def name(self) -> str:
         return f"ngram+{self.model.name}"
 
+    def predict(self, tokens: Sequence[int] | None) -> None:
+        """The next replies' predicted output (``NgramDrafter.predict``)."""
+        self.ngram.predict(tokens)
+
     def prefill(self, context: Sequence[int]) -> None:
         self.ngram.prefill(context)
         self.model.prefill(context)
@@ -59,3 +63,8 @@ class NgramModelDrafter:
         more = self.model.draft(list(context) + tokens, k - len(tokens), params, rng)
         return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
                         proposal.source, proposal.scores)
+
+
+def predicting_drafter(drafter: object) -> NgramDrafter | NgramModelDrafter | None:
+    """The drafter that takes a predicted output (``predict``), if ``drafter`` is or has one."""
+    return drafter if isinstance(drafter, NgramDrafter | NgramModelDrafter) else None

@@ -124,6 +124,10 @@ class EditTracker:
         if self._cursor is not None and self._cursor.by_line:
             self._cursor = self._lost = None
 
+    def follow_from(self, pos: int) -> None:
+        """Expect the sequence to go on from ``pos`` (``chatapp.drafters.prediction``)."""
+        self._cursor, self._lost, self._rejoined, self._candidate = _Cursor(pos), None, None, None
+
     # -- proposing ------------------------------------------------------------------------------
 
     def propose(self, k: int) -> tuple[list[int], str]:

@@ -21,7 +21,9 @@ With ``edits`` (the default) an ``EditTracker`` (``chatapp.drafters.edits``: spe
 comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the history-wide suffix
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
-source is replayed and scored under its own kinds. All are free and one-hot.
+source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
+given a predicted output (``predict``: ``chatapp.drafters.prediction``), which comes first when
+the edits propose nothing or its cursor is the more confident, else just before the lookup.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
 draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_RUN, EditTracker
+from chatapp.drafters.prediction import PredictionSource, ahead_of_edits
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
@@ -180,13 +183,24 @@ class NgramDrafter:
         self._seen: Any = None  # the context object last synced (the engine appends to it)
         self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
         self._scores: list[ShadowScore] = []  # settled since the last proposal
+        self._predicted: list[int] | None = None  # the next reply's predicted tokens
+        self.prediction: PredictionSource | None = None  # the reply's, from its prefill on
         self._replays = self._new_replays(0)
 
     @property
     def name(self) -> str:
         return "ngram"
 
+    def predict(self, tokens: Sequence[int] | None) -> None:
+        """The replies from the next ``prefill`` on are expected to be ``tokens`` (a predicted
+        output); None: no prediction (the caller clears it after the reply)."""
+        self._predicted = list(tokens) if tokens else None
+        self.prediction = None
+
     def prefill(self, context: Sequence[int]) -> None:
+        # the engine feeds the prompt's last token with the first step: the reply starts after it
+        self.prediction = None if self._predicted is None else PredictionSource(
+            self._predicted, len(context) + 1, self.ends_line)
         self.sync(context, score=False)
         if self._tracker is not None:
             self._tracker.start_reply()  # a new reply: its own edits
@@ -226,12 +240,18 @@ class NgramDrafter:
         return next(self._candidates(k), ([], self.kind))
 
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
-        suffix = self.suffix_search(k)
+        predicted = self.prediction_search(k)
         edit = self._edit_search(k)
+        early = bool(predicted[0]) and ahead_of_edits(predicted[1], edit[1] if edit[0] else "")
+        if early:
+            yield predicted
+        suffix = self.suffix_search(k)
         first = suffix[1] == SUFFIX_LONG and not edit[1].startswith(EDIT_RUN)  # else edits first
         for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
             if tokens:
                 yield tokens, kind
+        if predicted[0] and not early:
+            yield predicted
         tokens, kind = self.lookup(k)
         if tokens:
             yield tokens, kind
@@ -241,6 +261,12 @@ class NgramDrafter:
         if self._tracker is None:
             return [], ""
         return self._tracker.propose(k)
+
+    def prediction_search(self, k: int) -> tuple[list[int], str]:
+        """The predicted output's proposal (none without a prediction)."""
+        if self.prediction is None:
+            return [], ""
+        return self.prediction.propose(self._index.tokens, k)
 
     def suffix_search(self, k: int) -> tuple[list[int], str]:
         """The suffix index's proposal (none without a ``suffix`` source)."""
@@ -314,10 +340,13 @@ class NgramDrafter:
                                 else ("warm" if scored.matched else "cold"))
 
     def _new_replays(self, at: int) -> list[ShadowReplay]:
-        """A replay per source, from position ``at``: the lookup, the edits, the suffix index."""
+        """A replay per source, from position ``at``: the lookup, the edits, the suffix index,
+        the predicted output."""
         replays = [ShadowReplay(self.lookup, self.lookahead, at)]
         if self.edits:
             replays.append(ShadowReplay(self._edit_search, self.edit_lookahead, at))
         if self.suffix is not None:
             replays.append(ShadowReplay(self.suffix_search, self.suffix_lookahead, at))
+        if self.prediction is not None:
+            replays.append(ShadowReplay(self.prediction_search, self.edit_lookahead, at))
         return replays

@@ -41,6 +41,13 @@ class SuffixSource:
             self.corpus.rename_chat(LIVE, chat)
         self.chat = chat
 
+    def save_as(self, chat: ChatKey) -> None:
+        """The open conversation was saved as ``chat``: its text is indexed under that key, which
+        is the open chat from now on (what ``chat`` had is replaced)."""
+        if chat != self.chat:
+            self.corpus.rename_chat(self.chat, chat)
+            self.chat = chat
+
     def remove_chat(self, chat: ChatKey) -> None:
         """``chat`` was deleted from the history: drop its text; if it was open, what follows is
         a conversation not in the history (``LIVE``)."""

@@ -26,7 +26,6 @@ from typing import Any
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.timer import Timer
 from textual.widgets import Footer, TextArea
 
 from chatapp.chat.conversation import Conversation
@@ -37,22 +36,23 @@ from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.chat_view import ChatView
+from chatapp.tui.chats_screen import ChatChoice, ChatListScreen
+from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
-from chatapp.tui.screens import ChatListScreen, HelpScreen, SettingsScreen
+from chatapp.tui.screens import HelpScreen, SettingsScreen
 from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
 from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.status_line import ContextMeter, StatusBar
 from chatapp.tui.widgets import StatsPanel
 
-METER_DELAY_S = 0.3  # the context meter counts the typed text once the typing pauses this long
-
 
 class SpecChatApp(App[int]):
     """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
-    default place). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
+    default place); ``folder`` the one ``@path`` words and the file picker start from (None: the
+    current one). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
     (fake backends, a temporary database)."""
 
     CSS_PATH = "specchat.tcss"
@@ -62,8 +62,10 @@ class SpecChatApp(App[int]):
 
     def __init__(self, config: Config, *, config_path: Path | None = None,
                  session_factory: SessionFactory | None = None,
-                 history_path: Path | None = None, export_dir: Path | None = None) -> None:
+                 history_path: Path | None = None, export_dir: Path | None = None,
+                 folder: Path | None = None) -> None:
         super().__init__()
+        self.folder = folder or Path.cwd()
         self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or self._build_session
         self.history_path = history_path
@@ -73,7 +75,6 @@ class SpecChatApp(App[int]):
         self._view: ChatView | None = None
         self._quit_when_loaded = False
         self._signals = QuitSignals()
-        self._meter_timer: Timer | None = None
 
     # -- layout ---------------------------------------------------------------------------------
 
@@ -82,7 +83,8 @@ class SpecChatApp(App[int]):
             yield StatusBar(id="status")
             yield ContextMeter(id="context")
         with Horizontal(id="body"):
-            self._view = ChatView(self.chat, self.session_factory, id="main")
+            self._view = ChatView(self.chat, self.session_factory, folder=self.folder,
+                                  id="main")
             yield self._view
             yield StatsPanel(id="stats")
         yield Footer()
@@ -139,26 +141,14 @@ class SpecChatApp(App[int]):
                                                   view.editing is not None)
 
     def update_context(self, marker: bool = True) -> None:
-        """The meter (and with ``marker`` the note where the model's view begins) follows the
-        next turn; not while a worker runs the models (their tokenizer): the turn's end does."""
-        if self.chat.busy:
-            return
-        try:
-            use = self.chat.context_use(self.chat_input.text)
-        except UserFacingError:  # the models failed (a closed RPC target): the next turn says so
-            use = None
-        self.query_one("#context", ContextMeter).show(use)
-        if marker and use is not None:
+        """The context meter follows the chat and the message box (see ``ContextMeter``)."""
+        use = self.query_one("#context", ContextMeter).follow(self.chat, self.chat_input.text)
+        if marker and use is not None:  # where the model's view begins
             self.message_list.mark_view_start(self.chat.entries, use.left_out)
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
-        """Typing: the meter counts once it pauses (if the box is still there: not closing)."""
-        box = event.text_area
-        if box.id == "input":
-            if self._meter_timer is not None:
-                self._meter_timer.stop()
-            self._meter_timer = self.set_timer(
-                METER_DELAY_S, lambda: box.is_attached and self.update_context(marker=False))
+        if (box := event.text_area).id == "input":  # counted once the typing pauses, unless closing
+            self.query_one("#context", ContextMeter).later(box, lambda: self.update_context(False))
 
     def on_chat_view_changed(self, message: ChatView.Changed) -> None:
         if self.is_running:  # closing: the widgets may be gone already
@@ -226,8 +216,7 @@ class SpecChatApp(App[int]):
             if note not in self.told_notes:
                 self.told_notes.append(note)
                 self.chat_view.add_note(note)
-        self.update_status()
-        self.update_context()
+        self._follow_view()
         self.chat_view.models_loaded()
 
     def on_load_failed(self, message: LoadFailed) -> None:
@@ -295,6 +284,15 @@ class SpecChatApp(App[int]):
     def action_toggle_highlight(self) -> None:
         self.chat_view.set_highlighting(not self.chat_view.highlight)
 
+    def action_attach_file(self) -> None:
+        """Pick a file in a tree of the start folder; its ``@path`` goes in at the cursor."""
+        def picked(path: str | None) -> None:
+            if path is not None:
+                self.chat_input.insert_mention(path)
+            self.chat_input.focus()
+
+        self.push_screen(FilePickerScreen(self.folder), picked)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(help_sections()))
@@ -312,8 +310,7 @@ class SpecChatApp(App[int]):
                         severity="warning")
         else:
             self.action_reload()
-        self.update_status()
-        self.update_context()
+        self._follow_view()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -333,11 +330,14 @@ class SpecChatApp(App[int]):
         self.push_screen(ChatListScreen(chats, self.chat.chat_id, self.export_dir),
                          self._chat_chosen)
 
-    async def _chat_chosen(self, result: tuple[str, int] | None) -> None:
+    async def _chat_chosen(self, result: ChatChoice | None) -> None:
+        """Open the chosen chat (at the message a search found), or a new one."""
         chat_id = self.chat.chat_id
         deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
         if result is not None and result[0] == "open":
             await self.chat_view.open_chat(result[1])
+            if result[2] is not None:
+                self.message_list.show_message(result[2])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
             await self.chat_view.open_chat(None)
         self._follow_view()

@@ -1,10 +1,12 @@
-"""The message box: a text area where Enter sends, ctrl+j / shift+enter add a line, and what is
-typed is shown safely (controls as visible symbols) and kept exactly (every kind of line break).
+"""The message box: a text area where Enter sends, ctrl+j / shift+enter add a line, Tab after an
+``@`` word completes the path of a file to attach, and what is typed is shown safely (controls as
+visible symbols) and kept exactly (every kind of line break).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from rich.text import Text
 from textual import events
@@ -19,6 +21,7 @@ from textual.widgets.text_area import (
     WrappedDocument,
 )
 
+from chatapp.chat.mentions import complete_path, mention, typed_fragment
 from chatapp.chat.terminal_text import visible
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -54,9 +57,10 @@ class ChatDocument(Document):
 
 
 class ChatInput(TextArea):
-    """The message box: Enter sends, ctrl+j (or shift+enter) starts a new line. It holds what
-    was typed or pasted exactly (line breaks as LF, see ``ChatDocument``) and shows control
-    characters as symbols."""
+    """The message box: Enter sends, ctrl+j (or shift+enter) starts a new line, Tab right after
+    an ``@`` word completes its path (relative to ``folder``; elsewhere Tab moves the focus on).
+    It holds what was typed or pasted exactly (line breaks as LF, see ``ChatDocument``) and shows
+    control characters as symbols."""
 
     # F6 is the app's regenerate, not the text area's "select line".
     BINDINGS = [Binding("ctrl+j,shift+enter", "newline", "New line", show=False),
@@ -67,9 +71,10 @@ class ChatInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, folder: Path | None = None, id: str | None = None) -> None:
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
                          placeholder="Message (Enter sends, ctrl+j new line, F1 help)")
+        self.folder = folder or Path.cwd()
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -83,6 +88,9 @@ class ChatInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
+        elif event.key == "tab" and self.complete_mention():
+            event.stop()
+            event.prevent_default()
         # Any other key: TextArea._on_key runs next (dispatch walks the MRO).
 
     def _set_document(self, text: str, language: str | None) -> None:
@@ -104,6 +112,32 @@ class ChatInput(TextArea):
     def action_newline(self) -> None:
         start, end = self.selection
         self.replace("\n", start, end, maintain_selection_offset=False)
+
+    def complete_mention(self) -> bool:
+        """Complete the ``@`` path before the cursor as far as the matching entries agree (and
+        list them when they do not); False when the cursor is not after an ``@`` word."""
+        row, column = self.cursor_location
+        fragment = typed_fragment(self.document.get_line(row)[:column])
+        if fragment is None:
+            return False
+        completed, names = complete_path(fragment, self.folder)
+        if not names:
+            self.notify(f"No file matches @{fragment}.", severity="warning", timeout=3,
+                        markup=False)
+        elif completed != fragment:
+            self.insert(completed[len(fragment):])
+        elif len(names) > 1:
+            shown = "  ".join(names[:40]) + ("  …" if len(names) > 40 else "")
+            self.notify(shown, title=f"{len(names)} matches", timeout=6, markup=False)
+        return True
+
+    def insert_mention(self, path: str) -> None:
+        """Insert the ``@`` word of ``path`` at the cursor, spaced from the words around it."""
+        row, column = self.cursor_location
+        line = self.document.get_line(row)
+        before = " " if column and not line[column - 1].isspace() else ""
+        after = "" if column < len(line) and line[column].isspace() else " "
+        self.insert(before + mention(path) + after)
 
     def restore(self, text: str) -> None:
         """Give back text that could not be sent, keeping anything typed since."""

@@ -18,6 +18,7 @@ which the view shows as a notification.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from textual import work
 from textual.app import ComposeResult
@@ -26,16 +27,18 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.worker import get_current_worker
 
+from chatapp.chat.attachments import AttachmentError
 from chatapp.chat.context import ContextFullError
 from chatapp.chat.conversation import Conversation
-from chatapp.chat.events import StepEvent, TokenEvent
+from chatapp.chat.events import StepEvent
+from chatapp.chat.mentions import read_mentions
 from chatapp.chat.turns import ChatEntry, ChatEvent, Piece, PlanEvent, ReplayJob, Turn
 from chatapp.errors import UserFacingError
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
-from chatapp.tui.messages import ReplayDone, ReplyEvents, ReplyFailed
+from chatapp.tui.messages import ReplayDone, ReplyEvents, ReplyFailed, post_reply
 from chatapp.tui.widgets import Legend, MessageView, Note
 
 WELCOME = ("Ask anything. The small draft model proposes tokens, the target verifies them: each "
@@ -56,10 +59,11 @@ class ChatView(Vertical):
             self.step = step
 
     def __init__(self, chat: Conversation, factory: SessionFactory, *,
-                 id: str | None = None) -> None:
+                 folder: Path | None = None, id: str | None = None) -> None:
         super().__init__(id=id)
         self.chat = chat
         self.factory = factory
+        self.folder = folder  # where @paths start (None: the current folder)
         self.highlight = True
         self.pending: str | None = None
         self.editing: ChatEntry | None = None
@@ -69,7 +73,7 @@ class ChatView(Vertical):
         yield MessageList(id="conversation")
         yield ModelLoader(self.factory, id="loading")
         yield Legend(id="legend")
-        yield ChatInput(id="input")
+        yield ChatInput(folder=self.folder, id="input")
 
     @property
     def message_list(self) -> MessageList:
@@ -126,8 +130,10 @@ class ChatView(Vertical):
         """The conversation has its models: a message sent while they loaded goes now."""
         if self.pending is not None:
             text, self.pending = self.pending, None
-            if self.start_turn(lambda: self.chat.begin(text), queued=True) is None:
-                self.pending = text  # refused: it goes back to the message box
+            folder = self.chat_input.folder
+            if self.start_turn(lambda: self.chat.begin(*read_mentions(text, folder)),
+                               queued=True) is None:
+                self.pending = text
                 self._unqueue_pending()
 
     def load_failed(self, error: str) -> None:
@@ -141,19 +147,32 @@ class ChatView(Vertical):
     # -- sending --------------------------------------------------------------------------------
 
     def on_chat_input_submitted(self, message: ChatInput.Submitted) -> None:
+        """Send the typed message with the files its ``@path`` words name (an edit goes as
+        typed); a file that cannot be attached is refused and the text stays in the box."""
         text = message.text
         if not text.strip() or not self._can_send():
             return
+        edited = self.editing
+        try:
+            bare, files = (text, []) if edited else read_mentions(text, self.chat_input.folder)
+        except AttachmentError as error:
+            self._refused(error)
+            return
         self.chat_input.clear()
         if self.chat.session is None:
-            self._queue(text)
+            self._queue(text, MessageView("user", bare, attachments=files))
             return
-        edited, self.editing = self.editing, None
+        self.editing = None
         make = (lambda: self._resend_edited(edited, text)) if edited else (
-            lambda: self.chat.begin(text))
+            lambda: self.chat.begin(bare, files))
         if self.start_turn(make) is None:  # refused: the text and the edit stay
             self.editing = edited
             self.chat_input.restore(text)
+
+    def _refused(self, error: UserFacingError) -> None:
+        """A message that cannot go as it is: said in the chat and as a notification."""
+        self.message_list.add(Note(str(error), "error"))
+        self.notify(str(error), title="Not sent", severity="error", timeout=10, markup=False)
 
     def _can_send(self) -> bool:
         """Whether a message can be sent (or queued) now; if not, the user is told why."""
@@ -177,10 +196,10 @@ class ChatView(Vertical):
             return "The models are loading: press Enter again once they are ready.", "warning"
         return None
 
-    def _queue(self, text: str) -> None:
-        """Keep a message sent while the models load; it is sent once they are ready."""
+    def _queue(self, text: str, view: MessageView) -> None:
+        """Keep a message sent while the models load (``view`` shows it); it is sent (its files
+        read again) once they are ready."""
         self.pending = text
-        view = MessageView("user", text)
         view.add_class("-queued")
         self.message_list.add(view)
         self.notify("Sending as soon as the models are loaded.", timeout=4)
@@ -206,6 +225,9 @@ class ChatView(Vertical):
         a notification) when the conversation refuses."""
         try:
             turn = make()
+        except AttachmentError as error:
+            self._refused(error)
+            return None
         except UserFacingError as error:
             self.notify(str(error), severity="warning", markup=False)
             if isinstance(error, ContextFullError):  # refused: say it where the user looks
@@ -227,27 +249,9 @@ class ChatView(Vertical):
 
     @work(thread=True, exclusive=True, group="reply", exit_on_error=False)
     def _stream(self, turn: Turn) -> None:
-        """(Worker thread.) Post ``turn``'s events to the view in order, in batches: the plan
-        and the prompt at once, each step's tokens with its ``StepEvent``, the end; a failure
-        after the events before it."""
+        """(Worker thread.) Post ``turn``'s events to the view (``post_reply``)."""
         worker = get_current_worker()
-        batch: list[ChatEvent] = []
-        try:
-            for event in self.chat.stream(turn):
-                if worker.is_cancelled:
-                    turn.cancel.set()
-                batch.append(event)
-                if not isinstance(event, TokenEvent):
-                    self.post_message(ReplyEvents(turn, batch))
-                    batch = []
-        except Exception as error:  # shown in the app; the typed text goes back to the input
-            if batch:
-                self.post_message(ReplyEvents(turn, batch))
-            text = describe_error(error)
-            if turn.not_sent:
-                text = (f"Your message was not sent. {text} (In the app: Settings, F4, "
-                        "Context.) Your message is back in the message box.")
-            self.post_message(ReplyFailed(turn, text))
+        post_reply(self.chat.stream(turn), turn, self.post_message, lambda: worker.is_cancelled)
 
     def on_reply_events(self, message: ReplyEvents) -> None:
         """Apply the events to their turn, show what they added, and end the turn through the

@@ -23,6 +23,7 @@ BINDINGS = [
     Binding("f3,ctrl+t", "toggle_highlight", "Colours"),
     Binding("f4,ctrl+s", "settings", "Settings"),
     Binding("ctrl+n", "new_chat", "New"),
+    Binding("ctrl+f", "attach_file", "Attach", show=False),
     Binding("ctrl+o,f5", "chats", "Chats"),
     Binding("f6", "regenerate", "Regen", show=False),
     Binding("shift+f6", "regenerate(True)", "Regen new seed", show=False),
@@ -42,7 +43,8 @@ HELP_TEXT = {
     "toggle_highlight": "Token colours on / off (off: the reply as Markdown)",
     "settings": "Settings: sampling, K, seed, system prompt, models",
     "new_chat": "New chat",
-    "chats": "Saved chats: open, rename, delete, export",
+    "attach_file": "Attach a file: pick it in a tree, its @path goes in the message",
+    "chats": "Saved chats: open, search, rename, delete, export",
     "regenerate": "Regenerate the last reply (same settings)",
     "regenerate(True)": "Regenerate the last reply with a new random seed",
     "replay": "Replay the selected or last reply at K 0: its real speedup (F2)",
@@ -64,6 +66,8 @@ def help_sections() -> list[HelpSection]:
             ("ctrl+z / ctrl+y", "Undo / redo"),
             ("ctrl+a / ctrl+e", "Start / end of line"),
             ("ctrl+x / ctrl+c / ctrl+v", "Cut / copy / paste"),
+            ("@path", "Attach that file (relative to the start folder, ~ expanded) when sent"),
+            ("Tab after @…", "Complete the path (lists the matches when they differ)"),
             ("Tab", "Go to the messages"),
         ]),
         ("Messages (after Tab, or click one)", [
@@ -78,12 +82,13 @@ def help_sections() -> list[HelpSection]:
             ("?", "This help"),
         ]),
         ("Chat list (ctrl+o)", [
-            ("Enter", "Open the chat"),
+            ("Enter", "Open the chat (a search result: at that message)"),
+            ("/", "Search every chat by text: the matching messages, words highlighted"),
             ("n", "New chat"),
             ("r", "Rename the chat"),
             ("d, d", "Delete the chat"),
             ("e", "Export it to Markdown"),
-            ("Esc", "Close"),
+            ("Esc", "Clear the search, else close"),
         ]),
     ]
 
@@ -92,8 +97,11 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
     """The app's commands in the command palette (ctrl+p)."""
     commands: list[tuple[str, str, Callable[[], Any]]] = [
         ("New chat", "Start an empty chat (ctrl+n)", app.action_new_chat),
-        ("Chats", "Open, rename, delete or export saved chats (ctrl+o)", app.action_chats),
+        ("Chats", "Open, search, rename, delete or export saved chats (ctrl+o)",
+         app.action_chats),
         ("Settings", "Sampling, draft length, system prompt, models (F4)", app.action_settings),
+        ("Attach file", "Pick a file; its @path goes into the message (ctrl+f)",
+         app.action_attach_file),
         ("Regenerate reply", "The last reply again, same settings (F6)", app.action_regenerate),
         ("Regenerate with a new seed", "The last reply again from a fresh random seed (shift+F6)",
          lambda: app.action_regenerate(True)),

@@ -105,6 +105,15 @@ class MessageList(VerticalScroll, can_focus=True):
             note.add_class("view-start")
             self.mount(note, before=before)
 
+    def show_message(self, message_id: int) -> None:
+        """Select the view of saved message ``message_id`` and scroll to it (once laid out);
+        nothing when it is not shown."""
+        view = next((v for v in self.views if v.entry and v.entry.message_id == message_id),
+                    None)
+        if view is not None:
+            self.selected = view
+            self.call_after_refresh(self.scroll_to_widget, view, animate=False, top=True)
+
     def view_of(self, turn: Turn) -> MessageView | None:
         """The view ``turn`` streams into, while its chat is shown."""
         return next((view for view in self.views if view.turn is turn), None)

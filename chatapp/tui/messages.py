@@ -3,11 +3,14 @@ bubble up to the app, and a reply's or a replay's, which stay with the chat view
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from textual.message import Message
 
-from chatapp.chat.events import ReplayStats
+from chatapp.chat.events import ReplayStats, TokenEvent
 from chatapp.chat.session import ChatSession
 from chatapp.chat.turns import ChatEvent, ReplayJob, Turn
+from chatapp.tui.errors import describe_error
 
 
 class LoadProgress(Message):
@@ -51,6 +54,30 @@ class ReplyFailed(Message):
         super().__init__()
         self.turn = turn
         self.error = error
+
+
+def post_reply(events: Iterable[ChatEvent], turn: Turn, post: Callable[[Message], object],
+               cancelled: Callable[[], bool]) -> None:
+    """(A worker thread.) ``post`` the ``events`` of ``turn``'s stream in order, in batches:
+    the plan and the prompt at once, each step's tokens with its ``StepEvent``, the end; a
+    failure (``ReplyFailed``) after the events before it. ``cancelled()`` True stops the turn."""
+    batch: list[ChatEvent] = []
+    try:
+        for event in events:
+            if cancelled():
+                turn.cancel.set()
+            batch.append(event)
+            if not isinstance(event, TokenEvent):
+                post(ReplyEvents(turn, batch))
+                batch = []
+    except Exception as error:  # shown in the app; the typed text goes back to the input
+        if batch:
+            post(ReplyEvents(turn, batch))
+        text = describe_error(error)
+        if turn.not_sent:
+            text = (f"Your message was not sent. {text} (In the app: Settings, F4, "
+                    "Context.) Your message is back in the message box.")
+        post(ReplyFailed(turn, text))
 
 
 class ReplayDone(Message):

@@ -1,9 +1,8 @@
-"""Modal screens: help, settings, the list of saved chats."""
+"""Modal screens: help and settings (the chats screen is ``chats_screen``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,13 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
-from textual.widgets.option_list import Option
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from chatapp.chat.chats import ChatSummary, SavedChats
 from chatapp.chat.events import TokenSource
-from chatapp.chat.terminal_text import printable, printable_line
-from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, ConfigError, default_config_path
 from chatapp.settings.config_file import save_config
 from chatapp.settings.options import OPTIONS, OptionError
@@ -207,161 +202,3 @@ class SettingsScreen(ModalScreen[Config | None]):
             system_prompt=self.query_one("#set-system_prompt", TextArea).text,
         )
         return dataclasses.replace(self.config, **values)
-
-
-class TitleDialog(ModalScreen[str | None]):
-    """Asks for a chat's new title: Enter returns it, Esc returns None."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-
-    def __init__(self, title: str) -> None:
-        super().__init__()
-        self.old_title = title
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="title-box", classes="dialog"):
-            yield Label("Rename the chat", classes="dialog-title")
-            yield Input(self.old_title, id="title-input", placeholder="The chat's new title")
-            yield Label("Enter renames · Esc keeps the old title", classes="dialog-hint")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
-class ChatListScreen(ModalScreen[tuple[str, int] | None]):
-    """Saved chats. Returns ("open", id), ("new", 0) or None; renames, deletes and exports in
-    place, through the conversation's ``SavedChats``."""
-
-    BINDINGS = [
-        Binding("escape", "close", "Close"),
-        Binding("n", "new", "New chat"),
-        Binding("r", "rename", "Rename"),
-        Binding("d,delete", "delete", "Delete"),
-        Binding("e", "export", "Export to Markdown"),
-    ]
-
-    def __init__(self, chats: SavedChats, current_chat: int | None,
-                 export_dir: Path | None = None) -> None:
-        super().__init__()
-        self.chats = chats
-        self.current_chat = current_chat
-        self.export_dir = export_dir
-        self._armed_delete: int | None = None
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="chats-box", classes="dialog"):
-            yield Label("Chats", classes="dialog-title")
-            yield OptionList(id="chat-list")
-            yield Label("", id="chats-status")
-            yield Label("Enter open · n new · r rename · d delete · e export to Markdown · "
-                        "Esc close", classes="dialog-hint")
-
-    def on_mount(self) -> None:
-        self.refresh_list()
-        self.query_one(OptionList).focus()
-
-    def refresh_list(self, highlight: int | None = None) -> None:
-        options = self.query_one(OptionList)
-        options.clear_options()
-        chats = self.chats.list_chats()
-        for chat in chats:
-            options.add_option(Option(self._describe(chat), id=str(chat.id)))
-        if not chats:
-            options.add_option(Option("No saved chats yet. Press n for a new chat.",
-                                      disabled=True))
-        elif highlight is not None:
-            options.highlighted = min(highlight, len(chats) - 1)
-        else:
-            ids = [c.id for c in chats]
-            options.highlighted = ids.index(self.current_chat) if self.current_chat in ids else 0
-
-    def _describe(self, chat: ChatSummary) -> Text:
-        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
-        current = "  (open)" if chat.id == self.current_chat else ""
-        title = printable_line(chat.title)  # a history from anywhere: show it safely
-        text = Text(title or "(untitled)", style="bold")
-        text.append(current)
-        count = f"{chat.message_count} message" + ("" if chat.message_count == 1 else "s")
-        text.append(f"\n  {count} · {stamp}", style="dim")
-        if chat.target:
-            text.append(printable(f" · {chat.draft} → {chat.target}"), style="dim")
-        return text
-
-    def _highlighted_chat(self) -> int | None:
-        options = self.query_one(OptionList)
-        if options.highlighted is None:
-            return None
-        option = options.get_option_at_index(options.highlighted)
-        return int(option.id) if option.id else None
-
-    def _say(self, text: str) -> None:
-        self.query_one("#chats-status", Label).update(Text(text))
-
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        if event.option.id:
-            self.dismiss(("open", int(event.option.id)))
-
-    def action_close(self) -> None:
-        self.dismiss(None)
-
-    def action_new(self) -> None:
-        self.dismiss(("new", 0))
-
-    def action_rename(self) -> None:
-        """Ask for a new title for the highlighted chat, then give it that title."""
-        chat_id = self._highlighted_chat()
-        if chat_id is None:
-            return
-        self._armed_delete = None
-        try:
-            chat = self.chats.get(chat_id)
-        except UserFacingError as error:
-            self._say(str(error))
-            return
-
-        def renamed(title: str | None) -> None:
-            if title is None:
-                return
-            try:
-                stored = self.chats.rename(chat.id, title)
-            except UserFacingError as error:
-                self._say(str(error))
-                return
-            self.refresh_list(highlight=self.query_one(OptionList).highlighted)
-            self._say(f"Renamed to {stored}.")
-
-        self.app.push_screen(TitleDialog(chat.title), renamed)
-
-    def action_delete(self) -> None:
-        chat_id = self._highlighted_chat()
-        if chat_id is None:
-            return
-        if self._armed_delete != chat_id:
-            self._armed_delete = chat_id
-            self._say("Press d again to delete this chat for good.")
-            return
-        index = self.query_one(OptionList).highlighted
-        self._armed_delete = None
-        try:
-            self.chats.delete(chat_id)
-        except UserFacingError as error:
-            self._say(str(error))
-            return
-        self._say("Chat deleted.")
-        self.refresh_list(highlight=index)
-
-    def action_export(self) -> None:
-        chat_id = self._highlighted_chat()
-        if chat_id is None:
-            return
-        try:
-            path = self.chats.export_markdown(chat_id, self.export_dir)
-        except UserFacingError as error:
-            self._say(str(error))
-            return
-        self._say(f"Exported to {path}")
-        self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)

@@ -4,13 +4,17 @@ its right the context meter: the tokens the next turn's prompt uses of the conte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
+from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Static
 
 from chatapp.chat.context import ContextUse
 from chatapp.chat.conversation import Conversation
+from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.loading import ModelLoader
 
@@ -93,12 +97,36 @@ def state_text(chat: Conversation, loader: ModelLoader, editing: bool) -> tuple[
         return "editing a message (Enter resends, Esc cancels)", "yellow"
     return "ready", "green"
 
+METER_DELAY_S = 0.3  # the context meter counts the typed text once the typing pauses this long
+
 
 class ContextMeter(Static):
     """The context meter: "ctx 1.2k/4k", the tokens the next turn's prompt uses of the context
     window (the chat and the text in the message box, as the ``overflow`` setting would send
     them), and how many of the chat's messages are out of the model's view. From 80% of the
     window on it has the class ``-warning``. The app tells it what to show (``show``)."""
+
+    _timer: Timer | None = None
+
+    def follow(self, chat: Conversation, text: str) -> ContextUse | None:
+        """Show the context ``chat``'s next turn uses with ``text`` in the message box (None:
+        not counted); not while a worker runs the models (their tokenizer): the turn's end
+        counts again."""
+        if chat.busy:
+            return None
+        try:
+            use = chat.context_use(text)
+        except UserFacingError:  # the models failed (a closed RPC target): the next turn says so
+            use = None
+        self.show(use)
+        return use
+
+    def later(self, box: Widget, count: Callable[[], object]) -> None:
+        """Run ``count`` once the typing in ``box`` pauses ``METER_DELAY_S`` (a new call restarts
+        the wait), unless ``box`` is gone by then (the app closing)."""
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(METER_DELAY_S, lambda: box.is_attached and count())
 
     def show(self, use: ContextUse | None) -> None:
         """Show ``use`` (None: the models are not loaded, nothing to count with)."""

@@ -12,8 +12,9 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 
+from chatapp.chat.attachments import Attachment
 from chatapp.chat.events import TokenSource, TurnStats
-from chatapp.chat.terminal_text import Printable, printable
+from chatapp.chat.terminal_text import Printable, printable, printable_line
 from chatapp.chat.turns import ChatEntry, Turn
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
 
@@ -148,8 +149,10 @@ class MessageView(Vertical):
                  stats: TurnStats | None = None, k_label: str = "",
                  finish_reason: str | None = None, entry: ChatEntry | None = None,
                  highlight: bool = True, turn: Turn | None = None,
-                 target_rpc: Sequence[str] = ()) -> None:
+                 target_rpc: Sequence[str] = (),
+                 attachments: Sequence[Attachment] = ()) -> None:
         super().__init__(classes=f"-{role}")
+        self.attachments = tuple(attachments)  # a user message's files, shown as chips
         self.role = role
         self.content = content
         self.stats = stats
@@ -173,10 +176,13 @@ class MessageView(Vertical):
         """The view of a message of the conversation."""
         return cls(entry.role, entry.content, pieces=entry.pieces, stats=entry.stats,
                    k_label=entry.k_label, finish_reason=entry.finish_reason, entry=entry,
-                   highlight=highlight, target_rpc=entry.target_rpc)
+                   highlight=highlight, target_rpc=entry.target_rpc,
+                   attachments=entry.attachments)
 
     def compose(self):
         yield self.header
+        for attachment in self.attachments:
+            yield Label(attachment_chip(attachment), classes="attachment-chip", markup=False)
         if self.role == "assistant":
             self.tokens = TokenText(self._initial_pieces, classes="message-body")
             self.tokens.display = self.highlight
@@ -277,6 +283,13 @@ class MessageView(Vertical):
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(self.Selected(self))
+
+
+def attachment_chip(attachment: Attachment) -> str:
+    """A file sent with a message, on one line: ``📎 path (N lines)``."""
+    text = attachment.text
+    lines = text.count("\n") + bool(text and not text.endswith("\n"))
+    return f"📎 {printable_line(attachment.path)} ({lines} line{'s' * (lines != 1)})"
 
 
 class Note(Static):

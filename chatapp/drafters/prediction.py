@@ -1,0 +1,77 @@
+"""A predicted output as a draft source: most of the reply is known, here it is.
+
+An API client can send the text it expects the reply to be (OpenAI's ``prediction``: an editor
+sends the file being edited). ``PredictionSource`` drafts from it with the speculative edits'
+tracker (``chatapp.drafters.edits.EditTracker``) over the prediction's tokens followed by the
+reply's own: the cursor starts at the prediction's first token when the reply starts, follows the
+reply through it, and re-joins it after a change (a renamed variable, an inserted line) as it
+re-joins the source of an edit. Its proposals are one-hot and of their own kinds
+("prediction-run", "prediction-new", ...: the edit kinds renamed), so the engine verifies them
+exactly like every other source's and the policy learns how far to trust each: a prediction can
+make a reply faster, never different; a wrong one costs a few rejected drafts until the policy's
+shadow scores give it a budget of 0.
+
+``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
+``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
+too (the code to edit), which the speculative edits already follow: ``ahead_of_edits`` lets the
+prediction draft first only where its cursor is the more confident of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from chatapp.drafters.edits import EDIT_KIND, EditTracker
+
+PREDICTION_KIND = "prediction"
+# How confident a cursor's proposal is, by its kind after the family ("run-long": a long run
+# since its last re-join); other kinds ("step": a guess after a divergence) rank 0.
+_CONFIDENCE = {"run-long": 3, "run": 2, "line": 1, "new": 1}
+
+
+class PredictionSource:
+    """Proposals from ``tokens`` (the predicted reply) for a reply that starts at context position
+    ``reply_start``; see the module docstring."""
+
+    def __init__(self, tokens: Sequence[int], reply_start: int,
+                 ends_line: Callable[[int], bool] | None = None) -> None:
+        self.tokens = list(tokens)
+        self.reply_start = reply_start
+        self._tracker = EditTracker(ends_line=ends_line)
+        for token in self.tokens:
+            self._tracker.append(token)
+        self._tracker.start_reply()
+        self._tracker.follow_from(0)
+        self._fed = 0  # reply tokens given to the tracker
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
+        """Up to ``k`` tokens continuing ``context`` (the prompt, then the reply so far) from the
+        prediction, and their kind; nothing before the reply starts."""
+        if len(context) < self.reply_start or not self.tokens:
+            return [], PREDICTION_KIND
+        self._sync(context)
+        tokens, kind = self._tracker.propose(k)
+        return tokens, PREDICTION_KIND + kind[len(EDIT_KIND):]
+
+    def _sync(self, context: Sequence[int]) -> None:
+        """Feed the tracker the reply tokens of ``context`` it has not seen."""
+        reply = len(context) - self.reply_start
+        for position in range(self.reply_start + self._fed, self.reply_start + reply):
+            self._tracker.append(context[position])
+        self._fed = max(self._fed, reply)
+
+
+def is_prediction_kind(kind: str) -> bool:
+    """Whether a proposal of ``kind`` came from a prediction."""
+    return kind.split("-", 1)[0] == PREDICTION_KIND
+
+
+def _confidence(kind: str) -> int:
+    return _CONFIDENCE.get(kind.partition("-")[2], 0)
+
+
+def ahead_of_edits(predicted: str, edit: str) -> bool:
+    """Whether the prediction's proposal of kind ``predicted`` goes before the speculative edits'
+    of kind ``edit`` ("": they propose nothing): when they propose nothing, or the prediction's
+    cursor is the more confident; on a tie the edits, whose cursor follows the context itself."""
+    return not edit or _confidence(predicted) > _confidence(edit)

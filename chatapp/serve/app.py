@@ -1,0 +1,245 @@
+"""The routes of `specchat serve`, on aiohttp:
+
+- ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases;
+- ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events;
+- ``GET /metrics``: Prometheus' text format.
+
+Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
+(``chatapp.serve.errors``). A reply is an exchange of the conversation layer
+(``chatapp.chat.exchange``), run by the worker (``chatapp.serve.worker``) one at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from chatapp.chat.exchange import (
+    ChatExchange,
+    ExchangeDone,
+    ExchangeEvent,
+    ExchangeResult,
+    ExchangeStarted,
+    PromptTooLongError,
+    ReplyDelta,
+)
+from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
+from chatapp.serve.guard import Guard
+from chatapp.serve.metrics import CONTENT_TYPE, ServeMetrics
+from chatapp.serve.responses import (
+    DONE,
+    ChunkMaker,
+    completion,
+    completion_id,
+    model_object,
+    sse,
+)
+from chatapp.serve.schemas import ChatCompletionRequest
+from chatapp.serve.worker import Closing, EngineWorker, JobStream, QueueFull
+
+MAX_BODY = 16 * 1024 * 1024  # a request with a long conversation and a prediction
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiServer:
+    """The routes over one loaded ``exchange``; ``models``: the model id, then its aliases."""
+
+    def __init__(self, exchange: ChatExchange, worker: EngineWorker, guard: Guard,
+                 models: Sequence[str]) -> None:
+        self.exchange = exchange
+        self.worker = worker
+        self.guard = guard
+        self.models = tuple(models)
+        self.created = int(time.time())
+        self.metrics = ServeMetrics(lambda: worker.waiting, lambda: float(worker.busy))
+
+    def application(self) -> web.Application:
+        app = web.Application(middlewares=[self._guarded], client_max_size=MAX_BODY)
+        app.add_routes([
+            web.get("/v1/models", self._list_models),
+            web.get("/v1/models/{model:.+}", self._get_model),
+            web.post("/v1/chat/completions", self._chat),
+            web.get("/metrics", self._metrics),
+        ])
+        return app
+
+    @web.middleware
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The guard's checks, CORS, and every error as OpenAI's JSON."""
+        origin = request.headers.get("Origin")
+        try:
+            self.guard.check(request.method, request.headers)
+            if request.method == "OPTIONS":
+                response: web.StreamResponse = web.Response(status=204)
+            else:
+                response = await handler(request)
+        except ApiError as error:
+            response = error.response()
+        except web.HTTPException as error:
+            response = _http_error(error)
+        if not response.prepared:
+            response.headers.update(self.guard.cors_headers(origin))
+        self.metrics.answered(request.path if request.path in _ENDPOINTS else "other",
+                              response.status)
+        return response
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        primary = self.models[0]
+        data = [model_object(primary, self.created)] + [
+            model_object(alias, self.created, primary) for alias in self.models[1:]]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _get_model(self, request: web.Request) -> web.Response:
+        ident = request.match_info["model"]
+        if ident not in self.models:
+            raise _unknown_model(ident)
+        alias_of = self.models[0] if ident != self.models[0] else None
+        return web.json_response(model_object(ident, self.created, alias_of))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE
+        return response
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = ChatCompletionRequest.model_validate_json(await request.read())
+        except ValidationError as error:
+            raise from_validation(error) from None
+        if body.model not in self.models:
+            raise _unknown_model(body.model)
+        exchange_request = body.exchange()
+        try:
+            async with self.worker.job(
+                    lambda cancel: self.exchange.run(exchange_request, cancel)) as job:
+                pending = await _started(job)
+                if body.stream:
+                    return await self._stream(request, body, job, pending)
+                return await self._whole(job, pending)
+        except QueueFull as full:
+            raise ApiError(429, "specchat serve makes one reply at a time and its queue is "
+                           f"full: retry in {full.retry_after} s.", type="rate_limit_error",
+                           code="queue_full",
+                           headers={"Retry-After": str(full.retry_after)}) from None
+        except Closing:
+            raise server_error("specchat serve is stopping.", "server_stopping", 503) from None
+        except PromptTooLongError as error:
+            raise ApiError(400, str(error), code="context_length_exceeded",
+                           param="messages") from None
+
+    async def _whole(self, job: JobStream[ExchangeEvent],
+                     pending: list[ExchangeEvent]) -> web.Response:
+        """A reply without ``stream``: all of it at once."""
+        result = await _result(job, pending)
+        if result.finish_reason == "cancelled":
+            raise server_error("specchat serve is stopping: the reply was cut short.",
+                               "server_stopping", 503)
+        self.metrics.reply(result)
+        return web.json_response(completion(completion_id(), int(time.time()),
+                                            self.models[0], result))
+
+    async def _stream(self, request: web.Request, body: ChatCompletionRequest,
+                      job: JobStream[ExchangeEvent],
+                      pending: list[ExchangeEvent]) -> web.StreamResponse:
+        """A streamed reply: a role chunk, text chunks as tokens come (with their sources), the
+        end chunk, the usage chunk if asked, ``[DONE]``. A failure once the stream has started
+        is its last event (an OpenAI error object), without ``[DONE]``."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        response.headers.update(self.guard.cors_headers(request.headers.get("Origin")))
+        await response.prepare(request)
+        chunks = ChunkMaker(self.models[0], body.include_usage)
+        try:
+            await response.write(chunks.role())
+            result = await _stream_text(response, chunks, job, pending)
+            if result.finish_reason == "cancelled":
+                raise server_error("specchat serve is stopping: the reply was cut short.",
+                                   "server_stopping", 503)
+            self.metrics.reply(result)
+            await response.write(chunks.end(result))
+            if body.include_usage:
+                await response.write(chunks.usage(result))
+            await response.write(DONE)
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away: leaving the job block cancels the reply
+        except ApiError as error:
+            await response.write(sse(error.body()))
+        except Exception as error:  # noqa: BLE001 (the models failed mid-reply: say so)
+            await response.write(sse(server_error(f"The reply failed: {error}").body()))
+        return response
+
+
+_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/metrics")
+
+
+async def _started(job: JobStream[ExchangeEvent]) -> list[ExchangeEvent]:
+    """Wait until the exchange has planned its prompt (or refused it: that raises); the events
+    that came with it."""
+    while True:
+        events = await job.next()
+        if any(isinstance(event, ExchangeStarted) for event in events) or job.finished:
+            return events
+
+
+async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
+                  ) -> ExchangeResult:
+    while True:
+        for event in events:
+            if isinstance(event, ExchangeDone):
+                return event.result
+        if job.finished:
+            raise server_error("The reply ended without its result.")
+        events = await job.next()
+
+
+async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
+                       job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
+                       ) -> ExchangeResult:
+    """Write the reply's text as its events come, from ``events`` on; its result."""
+    while True:
+        result = await _write_events(response, chunks, events)
+        if result is not None:
+            return result
+        events = await job.next()
+        if not events and job.finished:
+            raise server_error("The reply ended without its result.")
+
+
+async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
+                        events: list[ExchangeEvent]) -> ExchangeResult | None:
+    """Write the text of ``events`` as one chunk; the result if they hold the end."""
+    pieces: list[Any] = []
+    result = None
+    for event in events:
+        if isinstance(event, ReplyDelta):
+            pieces.extend(event.pieces)
+        elif isinstance(event, ExchangeDone):
+            result = event.result
+    if pieces:
+        await response.write(chunks.content(pieces))
+    return result
+
+
+def _unknown_model(ident: str) -> ApiError:
+    error = not_found(f"The model '{ident}' does not exist here: GET /v1/models lists the one "
+                      "this server runs (and its aliases).")
+    error.code, error.param = "model_not_found", "model"
+    return error
+
+
+def _http_error(error: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (no such route, wrong method, body too large) as OpenAI's."""
+    messages = {404: "There is no such endpoint here: see /v1/models and "
+                     "/v1/chat/completions.",
+                405: "That method is not allowed on this endpoint.",
+                413: f"The request body is larger than {MAX_BODY // (1024 * 1024)} MiB."}
+    message = messages.get(error.status, error.reason)
+    refusal = ApiError(error.status, message, code=error.reason.lower().replace(" ", "_"))
+    if error.status == 405:
+        refusal.headers["Allow"] = error.headers.get("Allow", "")
+    return refusal.response()

@@ -1,0 +1,129 @@
+"""`specchat serve`: load the models, listen, answer until Ctrl+C or SIGTERM, then stop cleanly.
+
+Stopping: new requests are refused (503), the waiting ones are answered with an error, the reply
+being made stops after its step (its client gets an error: the reply was cut short), the models
+are closed, and the command exits with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from chatapp.chat.exchange import ChatExchange, SessionFactory, open_exchange
+from chatapp.serve.app import ApiServer
+from chatapp.serve.guard import API_KEY_ENV, Guard, UnsafeAddress, bind_address, check_exposure
+from chatapp.serve.worker import EngineWorker
+from chatapp.settings.config import Config
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SHUTDOWN_GRACE_S = 10.0  # how long open connections have to finish once the replies stopped
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()
+    queue: int = 4  # requests that may wait while one is generated
+    save: bool = False  # write the exchanges to the chat history
+
+
+def model_ids(config: Config) -> list[str]:
+    """The loaded pair as one model id ("qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"), then its
+    aliases: "specchat" and the target's name."""
+    target = _name(config.target)
+    if config.draft_length == "0":
+        primary = target
+    elif config.drafter == "ngram":
+        primary = f"{target}+ngram"
+    else:
+        primary = f"{target}+{_name(config.draft)}"
+    return list(dict.fromkeys([primary, "specchat", target]))
+
+
+def _name(model: str) -> str:
+    """A catalog alias as it is; a model file by its name without the suffix."""
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" or os.sep in model else model
+
+
+def _progress(message: str, fraction: float | None) -> None:
+    if message and sys.stderr.isatty():
+        percent = f" {fraction:.0%}" if fraction is not None else ""
+        print(f"\r\033[K{message}{percent}", end="", file=sys.stderr, flush=True)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    address = bind_address(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_command(config: Config, options: ServeOptions,
+                  factory: SessionFactory | None = None) -> int:
+    """`specchat serve` until Ctrl+C or SIGTERM; the exit status."""
+    api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
+    try:
+        check_exposure(options.host, api_key)
+        sock = _listen(options.host, options.port)
+    except UnsafeAddress as error:
+        print(f"specchat serve: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"specchat serve: cannot listen on {options.host}:{options.port}: {error}",
+              file=sys.stderr)
+        return 1
+    try:
+        return asyncio.run(_serve(config, options, api_key, sock, factory))
+    finally:
+        sock.close()
+
+
+async def _serve(config: Config, options: ServeOptions, api_key: str | None,
+                 sock: socket.socket, factory: SessionFactory | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop.set)
+    worker = EngineWorker(options.queue)
+    exchange: ChatExchange = await worker.call(open_exchange, config, _progress, options.save,
+                                               factory)
+    _progress("", None)
+    for note in exchange.session.notes:
+        print(f"note: {note}", file=sys.stderr)
+    host, port = sock.getsockname()[:2]
+    guard = Guard(host, port, api_key, options.cors)
+    server = ApiServer(exchange, worker, guard, model_ids(config))
+    runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
+                           handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    shown = f"[{host}]" if ":" in host else host
+    print(f"specchat serve: http://{shown}:{port}/v1 (model {server.models[0]}; Ctrl+C stops)",
+          flush=True)
+    try:
+        if not stop.is_set():
+            await stop.wait()
+    finally:
+        print("specchat serve: stopping", file=sys.stderr, flush=True)
+        await worker.close(exchange.close)
+        await runner.cleanup()
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+    return 0

@@ -1,0 +1,136 @@
+"""The objects the API answers with, shaped as OpenAI's: a chat completion, its stream's chunks,
+``usage``, the model list. specchat's own figures ride in a ``specchat`` field that standard
+clients ignore (the official Python client keeps it as an extra attribute): the speculative
+statistics of the reply, and on each streamed chunk where each token came from."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from chatapp.chat.events import TokenSource, decode_tokens_per_s
+from chatapp.chat.exchange import ExchangeResult
+
+OWNER = "specchat"
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{secrets.token_hex(12)}"
+
+
+def usage(result: ExchangeResult) -> dict[str, Any]:
+    """``usage`` as OpenAI reports it: the engine's token counts, and how much of the predicted
+    output appears in the reply (``accepted_prediction_tokens``) or not (``rejected_...``)."""
+    stats = result.stats
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.tokens,
+        "total_tokens": stats.prompt_tokens + stats.tokens,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": result.accepted_prediction,
+            "rejected_prediction_tokens": result.rejected_prediction,
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+        },
+    }
+
+
+def speculation(result: ExchangeResult) -> dict[str, Any]:
+    """The reply's speculative statistics (the ``specchat`` extension)."""
+    stats = result.stats
+    data: dict[str, Any] = {
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "target_calls": stats.target_calls,
+        "tokens_per_target_call": round(stats.mean_accepted_length, 4),
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "sources": {name: {"steps": c.steps, "drafted": c.drafted, "accepted": c.accepted}
+                    for name, c in sorted(result.sources.items())},
+        "prompt_s": round(stats.prompt_s, 6),
+        "ttft_s": round(stats.ttft_s, 6),
+        "total_s": round(stats.total_s, 6),
+        "decode_tokens_per_s": round(decode_tokens_per_s(stats), 3),
+        "finish_reason": result.finish_reason,
+    }
+    if result.prediction_tokens is not None:
+        data["prediction"] = {"tokens": result.prediction_tokens,
+                              "used_as_draft_source": result.prediction_used}
+    return data
+
+
+def finish_reason(result: ExchangeResult) -> str:
+    """OpenAI's finish reason ("stop" or "length"; a reply cut short counts as "length")."""
+    return "stop" if result.finish_reason == "stop" else "length"
+
+
+def completion(ident: str, created: int, model: str, result: ExchangeResult) -> dict[str, Any]:
+    """The whole answer of a request without ``stream``."""
+    return {
+        "id": ident, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "finish_reason": finish_reason(result), "logprobs": None,
+                     "message": {"role": "assistant", "content": result.text,
+                                 "refusal": None}}],
+        "usage": usage(result),
+        "specchat": speculation(result),
+    }
+
+
+class ChunkMaker:
+    """The chunks of one streamed reply (all with the same id, creation time and model)."""
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self.ident = completion_id()
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        data: dict[str, Any] = {"id": self.ident, "object": "chat.completion.chunk",
+                                "created": self.created, "model": self.model,
+                                "system_fingerprint": None, "choices": choices}
+        if self.include_usage:
+            data["usage"] = None
+        data.update(extra)
+        return sse(data)
+
+    def role(self) -> bytes:
+        """The first chunk: the assistant's role, no text yet."""
+        return self._chunk([_choice({"role": "assistant", "content": ""})])
+
+    def content(self, pieces: Sequence[tuple[str, TokenSource]]) -> bytes:
+        """Text, with where each token came from (accepted, resampled, bonus, target)."""
+        text = "".join(text for text, _ in pieces)
+        return self._chunk([_choice({"content": text})],
+                           specchat={"tokens": [[t, s.value] for t, s in pieces]})
+
+    def end(self, result: ExchangeResult) -> bytes:
+        """The last chunk of the choice: its finish reason and the reply's statistics."""
+        return self._chunk([_choice({}, finish_reason(result))], specchat=speculation(result))
+
+    def usage(self, result: ExchangeResult) -> bytes:
+        """With ``stream_options.include_usage``: the usage chunk, no choices."""
+        return self._chunk([], usage=usage(result))
+
+
+def _choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def model_object(ident: str, created: int, alias_of: str | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {"id": ident, "object": "model", "created": created,
+                            "owned_by": OWNER}
+    if alias_of is not None:
+        data["specchat"] = {"alias_of": alias_of}
+    return data

@@ -1,0 +1,84 @@
+"""A predicted output as a draft source (chatapp.drafters.prediction): it follows the reply
+through the prediction and re-joins it after a change, and, verified like every other source,
+it leaves the law of the replies the target's (a prediction can make a reply faster, never
+different)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chatapp.drafters.combined import NgramModelDrafter
+from chatapp.drafters.lookup import NgramDrafter
+from chatapp.drafters.model import ModelDrafter
+from chatapp.drafters.prediction import PredictionSource, ahead_of_edits, is_prediction_kind
+from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.events import TokenSource
+from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.fixed import FixedDraftLength
+from tests.test_exactness import (  # noqa: F401 (simulated_clock: the fixture, autouse)
+    SAMPLES,
+    VOCAB,
+    backend,
+    exact_law,
+    matches_law,
+    sample_replies,
+    simulated_clock,
+)
+
+
+def test_the_prediction_source_follows_the_reply_and_rejoins_after_a_change() -> None:
+    predicted = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    prompt = [1, 2, 3]
+    source = PredictionSource(predicted, len(prompt))
+    assert source.propose(prompt[:2], 4) == ([], "prediction")  # the reply has not started
+    tokens, kind = source.propose(prompt, 4)
+    assert tokens == [10, 11, 12, 13] and is_prediction_kind(kind)
+    reply = [10, 11, 12, 99, 14, 15]  # 13 became 99, then the prediction again
+    assert source.propose(prompt + reply, 3)[0] == [16, 17, 18]
+    assert source.propose(prompt + reply + [16, 17], 3)[0] == [18, 19, 20]
+    assert not is_prediction_kind("edit-run") and not is_prediction_kind("")
+
+
+def test_an_empty_prediction_proposes_nothing() -> None:
+    assert PredictionSource([], 2).propose([1, 2, 3], 4) == ([], "prediction")
+
+
+def test_the_drafter_drafts_the_prediction_from_the_replys_first_token() -> None:
+    """The engine prefills the prompt but its last token (fed with the first step): the first
+    proposal is the prediction's start; after ``predict(None)`` the next reply has none."""
+    drafter = NgramDrafter(64)
+    prompt = [1, 2, 3, 4]
+    drafter.predict([7, 8, 9, 10, 11])
+    drafter.prefill(prompt[:-1])
+    rng = np.random.default_rng(0)
+    proposal = drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng)
+    assert proposal.tokens == [7, 8, 9] and is_prediction_kind(proposal.source)
+    proposal = drafter.propose(prompt + [7, 8], DraftBudget.uniform(3), SamplingParams(0.0), rng)
+    assert proposal.tokens == [9, 10, 11]
+    drafter.predict(None)
+    drafter.prefill(prompt[:-1])
+    assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
+
+
+def test_replies_with_a_prediction_follow_the_target_law() -> None:
+    """Sampled at temperature 0.7 (fixed seed), the replies of the default drafter given a
+    prediction that is partly right are distributed as the target alone makes them, and the
+    prediction did draft (and was both accepted and rejected)."""
+    params = SamplingParams(0.7, 0, 0.9)
+    ngram = NgramDrafter(VOCAB)
+    ngram.predict([3, 1, 2, 4, 5])  # the prompt's pattern goes on "3 1 2"; then a guess
+    drafter = NgramModelDrafter(ngram, ModelDrafter(backend(noise=1.0)))
+    replies, sources, drafted = sample_replies(drafter, lambda: FixedDraftLength(3), params)
+    assert matches_law(replies, exact_law(params))
+    predicted = sum(n for (source, size), n in drafted.items()
+                    if source == "prediction" and size)
+    assert predicted > SAMPLES // 2  # most replies drafted from the prediction
+    assert sources[TokenSource.ACCEPTED] > 0 and sources[TokenSource.RESAMPLED] > 0
+
+
+def test_the_prediction_drafts_before_the_edits_only_when_it_is_the_more_confident() -> None:
+    assert ahead_of_edits("prediction-new", "")  # the edits propose nothing
+    assert ahead_of_edits("prediction-run-long", "edit-run")
+    assert ahead_of_edits("prediction-run", "edit-step")
+    assert not ahead_of_edits("prediction-run", "edit-run")  # a tie: the edits
+    assert not ahead_of_edits("prediction-step", "edit-new")

@@ -19,7 +19,7 @@ from chatapp.chat.loader import generation_settings
 from chatapp.chat.session import ChatSession, PromptPlan
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import DraftPolicy
-from chatapp.engine.events import Event
+from chatapp.engine.events import Event, StepEvent
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config
 
@@ -147,6 +147,18 @@ async def wait_for(pilot, predicate, timeout: float = 10.0, what: str = "conditi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.01)
+
+
+def views(app, role: str | None = None) -> list:
+    """The app's message views (``MessageView``), of ``role`` when given."""
+    from chatapp.tui.widgets import MessageView
+
+    return [v for v in app.query(MessageView) if role is None or v.role == role]
+
+
+def step_events(session) -> list[StepEvent]:
+    """The step events a fake session's engine produced."""
+    return [e for e in session.events if isinstance(e, StepEvent)]
 
 
 async def ready(pilot) -> None:

@@ -32,7 +32,6 @@ from chatapp.settings.options import (
 
 SUBCOMMANDS = ("run", "bench", "models", "tui", "web", "serve", "chats", "rpc-server")
 
-
 _positive_int = arg_type(int, at_least(1), "positive_int")
 _non_negative_int = arg_type(int, at_least(0), "non_negative_int")
 _weight = arg_type(float, at_least(0), "weight")

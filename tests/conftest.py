@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from textual import events
 
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
@@ -180,4 +181,19 @@ async def send(pilot, text: str) -> None:
 
 async def reply_done(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.chat.turn is None, what="the reply")
+    await pilot.pause()
+
+def stored(app, chat_id: int | None = None) -> list:
+    """The open (or ``chat_id``'s) chat's messages as the history holds them."""
+    chat_id = chat_id if chat_id is not None else app.chat.chat_id
+    return app.chat.history.messages(chat_id)
+
+
+async def paste(pilot, text: str) -> None:
+    """Deliver ``text`` as the terminal delivers a paste: a Paste event to the app, which hands
+    it to the focused widget."""
+    app = pilot.app
+    before = app.chat_input.text
+    app.post_message(events.Paste(text))
+    await wait_for(pilot, lambda: app.chat_input.text != before, what="the paste")
     await pilot.pause()

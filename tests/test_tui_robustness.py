@@ -10,18 +10,11 @@ start the app in a real pseudo-terminal (tests/tui_launcher.py).
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import select
-import signal
-import sqlite3
-import sys
-import time
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from textual import events
 
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.loader import generation_settings
@@ -30,15 +23,18 @@ from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.events import TokenEvent
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config
-from chatapp.tui.widgets import MessageView, Note, TokenText
+from chatapp.tui.widgets import TokenText
 from tests.conftest import (
     EndlessFakeBackend,
     RecordingSession,
     keys,
+    paste,
     ready,
     reply_done,
     send,
+    stored,
     tui_fake_factory,
+    views,
     wait_for,
 )
 
@@ -62,27 +58,8 @@ HOSTILE_TEXT = ("red? \x1b[31mRED\x1b[0m clear \x1b[2J title \x1b]0;PWNED\x07 cs
 HOSTILE_MESSAGE = HOSTILE_TEXT.replace("\r", "\n")
 
 
-def views(app, role: str | None = None) -> list[MessageView]:
-    return [v for v in app.query(MessageView) if role is None or v.role == role]
-
-
-def stored(app, chat_id: int | None = None):
-    chat_id = chat_id if chat_id is not None else app.chat.chat_id
-    return app.chat.history.messages(chat_id)
-
-
 def reply_tokens(session, turn: int = -1) -> list[TokenEvent]:
     return [e for e in session.turns[turn] if isinstance(e, TokenEvent)]
-
-
-async def paste(pilot, text: str) -> None:
-    """Deliver ``text`` as the terminal delivers a paste: a Paste event to the app, which hands
-    it to the focused widget."""
-    app = pilot.app
-    before = app.chat_input.text
-    app.post_message(events.Paste(text))
-    await wait_for(pilot, lambda: app.chat_input.text != before, what="the paste")
-    await pilot.pause()
 
 
 def screen_output(app) -> tuple[list[str], str]:
@@ -164,101 +141,7 @@ async def test_blank_enter_while_a_reply_streams_leaves_it_alone(tui_make_app):
 
 # -- 2. a very long paste --------------------------------------------------------------------------
 
-def long_text(size: int = 200_000) -> str:
-    """About ``size`` characters on many lines: words, numbers, tabs, accents, CJK, emoji."""
-    lines, total, n = [], 0, 0
-    while total < size:
-        line = (f"{n:05d}\tthe speculative draft token is accepted, the target verifies "
-                f"it — ünïcödé 中文 😀 {n * 7919 % 10007}")
-        lines.append(line)
-        total += len(line) + 1
-        n += 1
-    return "\n".join(lines)[:size]
-
-
-async def test_a_long_paste_is_sent_intact_and_the_app_stays_responsive(tui_make_app):
-    text = long_text()
-    assert len(text) == 200_000 and text.count("\n") > 2000
-    app = tui_make_app(tui_fake_factory(max_tokens=40, n_ctx=1_000_000))
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        started = time.monotonic()
-        await paste(pilot, text)
-        assert app.chat_input.text == text
-        await keys(pilot, "enter")
-        # Responsive while the long prompt is planned and the reply streams: the message shows
-        # at once, the box is free again, and typing goes on (the next message, not sent yet).
-        await wait_for(pilot, lambda: views(app, "user") and app.chat_input.text == "",
-                       timeout=10, what="the message shown")
-        await keys(pilot, *"next")
-        await wait_for(pilot, lambda: app.chat_input.text == "next", timeout=5, what="typing")
-        await reply_done(pilot)
-        elapsed = time.monotonic() - started
-        user = views(app, "user")[0]
-        assert user.plain == text
-        first = stored(app)[0]
-        assert (first.role, first.content) == ("user", text)
-        assert app.chat.messages[0].content == text
-        assert views(app, "assistant")[0].finish_reason in ("stop", "length")
-        assert app.chat_input.text == "next"
-        assert elapsed < 30, elapsed  # seconds, not minutes (about 5 s on 2 busy cores)
-
-
-async def test_a_paste_too_long_for_the_context_goes_back_into_the_input(tui_make_app, tmp_path):
-    text = long_text()
-    app = tui_make_app(tui_fake_factory(n_ctx=4096))
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await paste(pilot, text)
-        await keys(pilot, "enter")
-        await wait_for(pilot, lambda: app.chat.turn is None and app.chat_input.text != "",
-                       timeout=30, what="the text back in the input")
-        await pilot.pause()
-        assert app.chat_input.text == text  # every character, in the input again
-        assert app.focused is app.chat_input
-        assert views(app) == []
-        note = " ".join(n.render().plain for n in app.query(Note))
-        assert "context window" in note and "Shorten the message" in note
-        assert "--n-ctx" in note or "F4" in note
-        assert "back in the message box" in note
-        assert "Unexpected error" not in note and "Traceback" not in note
-        assert app.chat.history.list_chats() == []
-        # Trimmed, the same message goes out.
-        app.chat_input.text = text[:1000]
-        await keys(pilot, "enter")
-        await reply_done(pilot)
-        assert stored(app)[0].content == text[:1000]
-
-
 # -- 3. control characters and Unicode -------------------------------------------------------------
-
-def random_location(rng, document) -> tuple[int, int]:
-    row = rng.randrange(document.line_count)
-    return row, rng.randrange(len(document[row]) + 1)
-
-
-def test_the_message_box_document_edits_like_textuals_for_lf_text():
-    """``ChatDocument`` only changes where lines break: for text with LF line breaks, random
-    edits give the same text, lines and results as Textual's own ``Document``."""
-    import random
-
-    from textual.widgets.text_area import Document
-
-    from chatapp.tui.chat_input import ChatDocument
-
-    rng = random.Random(4)
-    alphabet = ["a", "b", " ", "\n", "é", "中", "😀", "\t", "\n\n", "xyz"]
-    for _ in range(30):
-        start_text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 30)))
-        ours, theirs = ChatDocument(start_text), Document(start_text)
-        assert ours.text == theirs.text == start_text and ours.lines == theirs.lines
-        for _ in range(40):
-            start, end = random_location(rng, theirs), random_location(rng, theirs)
-            insert = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 6)))
-            assert ours.get_text_range(start, end) == theirs.get_text_range(start, end)
-            assert ours.replace_range(start, end, insert) == theirs.replace_range(start, end,
-                                                                                 insert)
-            assert ours.text == theirs.text and ours.lines == theirs.lines
 
 async def test_control_characters_and_unicode_from_the_user_are_stored_exactly_and_shown_safely(
         tui_make_app, tmp_path):
@@ -462,166 +345,3 @@ async def test_resizing_to_a_tiny_terminal_mid_reply_loses_nothing(tui_make_app)
         await keys(pilot, "enter")
         await reply_done(pilot)
         assert [v.role for v in views(app)] == ["user", "assistant"] * 2
-
-
-# -- 5. the terminal closed (SIGHUP) or the system shutting down (SIGTERM) mid-reply --------------
-
-@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
-async def test_sigterm_quits_like_ctrl_q_and_gives_the_signals_back(tui_make_app, tmp_path):
-    """In process: SIGTERM mid-reply ends the app like ctrl+q, and the handlers from before the
-    app are back afterwards. (A handler of the test's own stands in for the default, which would
-    end pytest, should the app not catch the signal.)"""
-    caught: list[int] = []
-
-    def before_the_app(signum, frame) -> None:
-        caught.append(signum)
-
-    quit_signals = (signal.SIGHUP, signal.SIGTERM)
-    saved = {signum: signal.signal(signum, before_the_app) for signum in quit_signals}
-    try:
-        app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.01, endless=True))
-        async with app.run_test(size=SIZE) as pilot:
-            await ready(pilot)
-            await send(pilot, "terminate me")
-            await wait_for(pilot, lambda: app.chat.turn is not None
-                           and len(app.chat.turn.steps) >= 3, what="three steps")
-            chat_id = app.chat.chat_id
-            os.kill(os.getpid(), signal.SIGTERM)
-            await wait_for(pilot, lambda: not app.is_running, what="the exit")
-        assert caught == []  # the app had the signal
-        assert app.return_code == 128 + signal.SIGTERM
-        assert all(signal.getsignal(signum) is before_the_app for signum in quit_signals)
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-    store = HistoryStore(tmp_path / "data" / "history.sqlite3")
-    messages = store.messages(chat_id)
-    store.close()
-    assert [(m.role, m.finish_reason) for m in messages] == [("user", None),
-                                                             ("assistant", "cancelled")]
-    assert messages[1].content and messages[1].stats.tokens > 0
-
-class Terminal:
-    """The app in a pseudo-terminal, as a terminal emulator runs it."""
-
-    def __init__(self, history: Path, stacks: Path, columns: int = 100, rows: int = 30) -> None:
-        import fcntl
-        import pty
-        import struct
-        import termios
-
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the app, with the pty as its terminal
-            try:
-                os.chdir(REPO)
-                os.environ.update(TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows))
-                os.execv(sys.executable, [sys.executable, "-m", "tests.tui_launcher",
-                                          str(history), str(stacks)])
-            finally:
-                os._exit(127)
-        self.pid, self.fd = pid, fd
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        self.output = bytearray()
-        self.status: int | None = None
-
-    def read(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while self.fd is not None and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.fd], [], [], 0.05)
-            if ready:
-                try:
-                    data = os.read(self.fd, 65536)
-                except OSError:  # the app is gone
-                    return
-                if not data:
-                    return
-                self.output.extend(data)
-
-    def wait_for_screen(self, pattern: bytes, timeout: float = 15) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.read(0.05)
-            match = re.search(pattern, self.output)
-            if match:
-                return match
-            assert self.poll() is None, f"the app ended early: {self.output[-2000:]!r}"
-        raise AssertionError(f"timed out waiting for {pattern!r}: {self.output[-2000:]!r}")
-
-    def type(self, data: bytes) -> None:
-        os.write(self.fd, data)
-
-    def hang_up(self) -> None:
-        """Close the terminal: the kernel sends SIGHUP to the app, its tty reads and writes
-        fail from now on."""
-        os.close(self.fd)
-        self.fd = None
-
-    def poll(self) -> int | None:
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.status = status
-        return self.status
-
-    def wait(self, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None and time.monotonic() < deadline:
-            self.read(0.05) if self.fd is not None else time.sleep(0.05)
-        return self.status
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX terminals and signals")
-@pytest.mark.parametrize("how", ["terminal closed", "SIGHUP", "SIGTERM"])
-def test_the_partial_reply_survives_the_terminal_going_away(tmp_path, how):
-    history = tmp_path / "data" / "history.sqlite3"
-    terminal = Terminal(history, tmp_path / "stacks.txt")
-    try:
-        terminal.wait_for_screen(rb"ready")
-        terminal.type(b"hello from the pty\r")
-        # The reply streams: its header counts the tokens ("Assistant · K 3 · 57 tok · ...").
-        terminal.wait_for_screen(rb"\b[2-9]\d tok\b")
-        if how == "terminal closed":
-            terminal.hang_up()
-        else:
-            os.kill(terminal.pid, getattr(signal, how))
-        status = terminal.wait(timeout=15)
-        if status is None:
-            os.kill(terminal.pid, signal.SIGUSR1)
-            time.sleep(1)
-            stacks = (tmp_path / "stacks.txt").read_text()
-            raise AssertionError(f"the app did not exit after {how}:\n{stacks}")
-        assert os.WIFEXITED(status), (
-            f"the app died of signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else status)
-        signum = signal.SIGHUP if how == "terminal closed" else getattr(signal, how)
-        assert os.WEXITSTATUS(status) == 128 + signum
-        if how != "terminal closed":  # a terminal still there is given back as it was
-            terminal.read(0.2)
-            last_start = terminal.output.rfind(b"\x1b[?1049h")  # the alternate screen
-            assert last_start >= 0
-            assert b"\x1b[?1049l" in terminal.output[last_start:]  # left
-            assert b"\x1b[?25h" in terminal.output[last_start:]  # the cursor shown again
-    finally:
-        terminal.kill()
-    db = sqlite3.connect(history)
-    assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    db.close()
-    store = HistoryStore(history)
-    chats = store.list_chats()
-    assert len(chats) == 1
-    messages = store.messages(chats[0].id)
-    store.close()
-    assert [(m.role, m.finish_reason) for m in messages] == [("user", None),
-                                                             ("assistant", "cancelled")]
-    assert messages[0].content == "hello from the pty"
-    reply = messages[1]
-    assert reply.stats is not None and reply.stats.tokens >= 20
-    assert len(reply.content) >= 20
-    assert "".join(text for text, _ in reply.runs) == reply.content

@@ -4,14 +4,13 @@ it, the saved chats, the models' loading and the ways out.
 The app renders what its conversation (``chatapp.chat.conversation.Conversation``, ``self.chat``)
 holds and forwards the user's keys to it; it never calls a model, a drafter or the history
 itself: the saved chats are the conversation's ``chats``. The chat view (``chat_view.ChatView``)
-owns the messages, the message box and the reply streaming; the app calls it, and hears from it
-through messages: ``ChatView.Changed``, and the loader's ``LoadProgress``, ``SessionLoaded`` and
-``LoadFailed``, which bubble up from it. The model session comes from ``session_factory(config,
-progress)`` (``chatapp.chat.loader.build_session_over_history`` by default), run in a worker
-thread; tests pass a factory that builds a session on fake backends.
+owns the messages, the message box and the reply streaming; the app calls it and hears from it
+through messages (``ChatView.Changed``; the loader's ``LoadProgress``, ``SessionLoaded``,
+``LoadFailed``). The session comes from ``session_factory(config, progress)`` (by default
+``chatapp.chat.loader.build_session_over_history``) in a worker thread; tests pass fake ones.
 
-Every way out (ctrl+q, the terminal closed, the system asking, a crash) stops a streaming reply,
-saves it as it stands (stopped), and closes the models and the history.
+Every way out (ctrl+q, the terminal closed, the system asking, a crash) stops and saves a
+streaming reply (stopped) and closes the models and the history.
 """
 
 from __future__ import annotations
@@ -73,6 +72,7 @@ class SpecChatApp(App[int]):
         self.chat = Conversation(config, None, on_write_error=self._history_write_failed)
         self.told_notes: list[str] = []  # the sessions' runtime notes shown so far, in order
         self._view: ChatView | None = None
+        self._meter = ContextMeter(id="context")  # counts once typing pauses; not while closing
         self._quit_when_loaded = False
         self._signals = QuitSignals()
 
@@ -81,7 +81,7 @@ class SpecChatApp(App[int]):
     def compose(self) -> ComposeResult:
         with Horizontal(id="top"):
             yield StatusBar(id="status")
-            yield ContextMeter(id="context")
+            yield self._meter
         with Horizontal(id="body"):
             self._view = ChatView(self.chat, self.session_factory, folder=self.folder,
                                   id="main")
@@ -142,13 +142,13 @@ class SpecChatApp(App[int]):
 
     def update_context(self, marker: bool = True) -> None:
         """The context meter follows the chat and the message box (see ``ContextMeter``)."""
-        use = self.query_one("#context", ContextMeter).follow(self.chat, self.chat_input.text)
+        use = self._meter.follow(self.chat, self.chat_input.text)
         if marker and use is not None:  # where the model's view begins
             self.message_list.mark_view_start(self.chat.entries, use.left_out)
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
-        if (box := event.text_area).id == "input":  # counted once the typing pauses, unless closing
-            self.query_one("#context", ContextMeter).later(box, lambda: self.update_context(False))
+        if (box := event.text_area).id == "input" and self.is_running and self._meter.is_attached:
+            self._meter.later(box, lambda: self.update_context(False))
 
     def on_chat_view_changed(self, message: ChatView.Changed) -> None:
         if self.is_running:  # closing: the widgets may be gone already

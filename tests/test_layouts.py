@@ -137,8 +137,14 @@ def test_an_interrupted_preparation_is_cleaned_up(tmp_path: Path, monkeypatch) -
 
     monkeypatch.setattr(layouts.subprocess, "Popen", slow_quantizer)
     monkeypatch.setattr(layouts, "_POLL_S", 0.02)
-    with pytest.raises(KeyboardInterrupt):
-        prepare_layout(source, DRAFT, progress, 1)
+    # Ctrl+C as an interactive Python has it: a process started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and Python then installs no handler.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prepare_layout(source, DRAFT, progress, 1)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert children and children[0].returncode is not None  # killed, not left running
     assert not prepared_path(source, DRAFT).exists()
     assert prepared_sha256(source, DRAFT) is None

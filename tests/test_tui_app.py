@@ -11,7 +11,9 @@ from chatapp.chat.history import HistoryStore
 from chatapp.engine.events import DoneEvent, TokenEvent, TokenSource
 from chatapp.settings.config import Config
 from chatapp.tui.chats_screen import ChatListScreen
-from chatapp.tui.widgets import Legend, Note, TokenText
+from chatapp.tui.reply_text import ReplyText
+from chatapp.tui.token_text import Legend, TokenText
+from chatapp.tui.widgets import Note
 from tests.conftest import (
     keys,
     ready,
@@ -62,7 +64,7 @@ async def test_streamed_tokens_are_styled_by_source(tui_make_app):
         await ready(pilot)
         await send(pilot, "tell me")
         await reply_done(pilot)
-        widget = views(app, "assistant")[0].query_one(TokenText)
+        widget = views(app, "assistant")[0].query_one(ReplyText)
         events = [e for e in app.chat.session.events if isinstance(e, TokenEvent) and e.text]
         assert {e.source for e in events} >= {TokenSource.ACCEPTED, TokenSource.RESAMPLED}
 
@@ -78,13 +80,14 @@ async def test_streamed_tokens_are_styled_by_source(tui_make_app):
         assert actual == expected
         assert widget.text.plain == "".join(e.text for e in events)
 
-        # The four sources look different, and the legend uses the same styles.
-        looks = {(widget.token_style(s).color, widget.token_style(s).underline,
-                  widget.token_style(s).bold) for s in TokenSource}
-        assert len(looks) == len(TokenSource)
+        # The four sources look different (a tint each), and the legend's squares show the same
+        # colours.
+        tints = {source: widget.token_style(source).bgcolor for source in TokenSource}
+        assert None not in tints.values() and len(set(tints.values())) == len(TokenSource)
         legend = app.query_one(Legend)
-        assert {TokenSource(s.style.meta["token"]) for s in legend.render().spans
-                if s.style.meta} == set(TokenSource)
+        squares = {TokenSource(s.style.meta["token"]): (legend.plain[s.start:s.end], s.style.color)
+                   for s in legend.render().spans if s.style.meta}
+        assert squares == {source: ("■", tint) for source, tint in tints.items()}
 
 
 async def test_token_text_appends_without_rebuilding(tui_make_app):
@@ -93,7 +96,9 @@ async def test_token_text_appends_without_rebuilding(tui_make_app):
         await ready(pilot)
         await send(pilot, "go")
         await reply_done(pilot)
-        widget = views(app, "assistant")[0].query_one(TokenText)
+        widget = TokenText(views(app, "assistant")[0].body.runs)  # the colours without Markdown
+        await app.mount(widget)
+        await pilot.pause()
         text, spans = widget.text, list(widget.text.spans)
         assert len(spans) > 3
         widget.append([("more", TokenSource.TARGET), ("!", TokenSource.TARGET),
@@ -201,7 +206,7 @@ async def test_history_is_saved_and_reopened_in_a_new_app(tui_make_app):
         await send(pilot, "second question")
         await reply_done(pilot)
         before = [(v.role, v.plain, v.stats, v.finish_reason, v.k_label) for v in views(first)]
-        runs = [v.query_one(TokenText).runs for v in views(first, "assistant")]
+        runs = [v.query_one(ReplyText).runs for v in views(first, "assistant")]
     second = tui_make_app()
     async with second.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -218,7 +223,7 @@ async def test_history_is_saved_and_reopened_in_a_new_app(tui_make_app):
         await pilot.pause()
         after = [(v.role, v.plain, v.stats, v.finish_reason, v.k_label) for v in views(second)]
         assert after == before
-        assert [v.query_one(TokenText).runs for v in views(second, "assistant")] == runs
+        assert [v.query_one(ReplyText).runs for v in views(second, "assistant")] == runs
         # The reopened conversation is the context of the next turn.
         await send(pilot, "third")
         await reply_done(pilot)

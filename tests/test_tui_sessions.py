@@ -11,10 +11,9 @@ from textual.widgets import Input, OptionList
 
 from chatapp.backends.base import BackendError
 from chatapp.chat.history import HistoryStore
-from chatapp.engine.events import StepEvent
 from chatapp.tui.chats_screen import ChatListScreen, TitleDialog
 from chatapp.tui.screens import HelpScreen, SettingsScreen, key_label
-from chatapp.tui.widgets import Legend, Note
+from chatapp.tui.widgets import Note
 from tests.conftest import (
     keys,
     ready,
@@ -27,24 +26,6 @@ from tests.conftest import (
 )
 
 SIZE = (120, 40)
-
-
-async def test_highlighting_toggles_to_markdown_and_back(tui_make_app):
-    app = tui_make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "x")
-        await reply_done(pilot)
-        reply = views(app, "assistant")[0]
-        await pilot.press("f3")
-        await pilot.pause()
-        assert not reply.tokens.display
-        assert reply.markdown is not None and reply.markdown.display
-        assert reply.markdown.source == reply.plain
-        assert "plain text" in app.query_one(Legend).plain
-        await pilot.press("f3")
-        await pilot.pause()
-        assert reply.tokens.display and not reply.markdown.display
 
 
 async def test_auto_scroll_follows_only_at_the_bottom(tui_make_app):
@@ -193,29 +174,6 @@ async def test_quitting_while_loading_waits_for_the_load_and_says_so(tui_make_ap
             app.query_one("#loading-text").render())
         gate.set()
         await wait_for(pilot, lambda: not app.is_running, what="the exit")
-
-
-async def test_markdown_follows_the_stream_when_colours_are_off(tui_make_app):
-    app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.01, endless=True))
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "first")
-        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
-        await keys(pilot, "f3")  # colours off mid-reply
-        start = len(step_events(app.chat.session))
-        await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= start + 5, what="steps")
-        await keys(pilot, "escape")
-        await reply_done(pilot)
-        await send(pilot, "second")  # a reply that starts with the colours off
-        await wait_for(pilot, lambda: len(app.chat.session.turns) == 2 and len(
-            [e for e in app.chat.session.turns[1] if isinstance(e, StepEvent)]) >= 5, what="steps")
-        await keys(pilot, "escape")
-        await reply_done(pilot)
-        await pilot.pause(0.1)
-        for reply in views(app, "assistant"):
-            assert reply.markdown is not None and reply.markdown.display
-            assert not reply.tokens.display
-            assert reply.markdown.source == reply.plain != ""
 
 
 async def test_escape_takes_back_a_message_waiting_for_the_models(tui_make_app):

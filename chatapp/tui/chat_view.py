@@ -39,7 +39,8 @@ from chatapp.tui.errors import describe_error
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import ReplayDone, ReplyEvents, ReplyFailed, post_reply
-from chatapp.tui.widgets import Legend, MessageView, Note
+from chatapp.tui.token_text import Legend
+from chatapp.tui.widgets import MessageView, Note
 
 WELCOME = ("Ask anything. The small draft model proposes tokens, the target verifies them: each "
            "token is coloured by where it came from (legend below). ctrl+↑/ctrl+↓ change the "
@@ -112,7 +113,7 @@ class ChatView(Vertical):
         self.message_list.mount(Note(text, kind))
 
     def set_highlighting(self, on: bool) -> None:
-        """Token colours (True) or the replies as Markdown (False)."""
+        """The replies' Markdown with token colours (True) or without (False)."""
         self.highlight = on
         for view in self.message_list.views:
             view.set_highlighting(on)

@@ -18,7 +18,7 @@ from chatapp.chat.events import TokenSource
 from chatapp.settings.config import Config, ConfigError, default_config_path
 from chatapp.settings.config_file import save_config
 from chatapp.settings.options import OPTIONS, OptionError
-from chatapp.tui.widgets import TOKEN_MEANINGS, TokenText
+from chatapp.tui.token_text import TOKEN_MEANINGS, TokenText
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
 

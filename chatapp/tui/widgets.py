@@ -2,136 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from rich.style import Style
-from rich.text import Span, Text
+from rich.text import Text
 from textual import events
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widget import Widget
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Label, Static
 
 from chatapp.chat.attachments import Attachment
 from chatapp.chat.events import TokenSource, TurnStats
-from chatapp.chat.terminal_text import Printable, printable, printable_line
+from chatapp.chat.terminal_text import printable, printable_line
 from chatapp.chat.turns import ChatEntry, Turn
+from chatapp.tui.reply_text import ReplyText
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
-
-TOKEN_CLASSES = {source: f"token--{source.value}" for source in TokenSource}
-
-TOKEN_MEANINGS = {
-    TokenSource.ACCEPTED: "drafted by the small model and accepted by the target",
-    TokenSource.RESAMPLED: "the target's own token where it rejected the draft",
-    TokenSource.BONUS: "a free extra token after the target accepted every draft",
-    TokenSource.TARGET: "decoded by the target alone (K = 0)",
-}
-
-
-class TokenText(Widget):
-    """Text coloured by token source. ``append`` adds to one Rich ``Text``: no full re-render.
-
-    Each span's style is the component style of its source plus ``meta={"token": source}``.
-    Pieces with source None are plain text (for legends).
-    """
-
-    DEFAULT_CSS = "TokenText { height: auto; }"
-    COMPONENT_CLASSES = set(TOKEN_CLASSES.values())
-
-    def __init__(self, pieces: Iterable[tuple[str, TokenSource | None]] = (), *,
-                 id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(id=id, classes=classes)
-        self.runs: list[tuple[str, TokenSource | None]] = []  # exactly as given
-        self.text = Text()  # as shown: see ``printable``
-        self._shown = Printable()
-        self._stale = True  # styles are read from CSS on the first render (and on theme change)
-        self._styles: dict[TokenSource, Style] = {}
-        self._add_runs(pieces)
-
-    def on_mount(self) -> None:
-        self.app.theme_changed_signal.subscribe(self, self._restyle)
-
-    def _restyle(self, _theme: object = None) -> None:
-        self._stale = True
-        self._styles.clear()
-        self.refresh(layout=True)
-
-    def token_style(self, source: TokenSource) -> Style:
-        """The style of a source's tokens: one object per source (a Style with meta gets a
-        random link id, so equal-looking new ones would not compare equal)."""
-        style = self._styles.get(source)
-        if style is None:
-            style = self.get_component_rich_style(TOKEN_CLASSES[source], partial=True)
-            style = self._styles[source] = style + Style(meta={"token": source.value})
-        return style
-
-    def append(self, pieces: Iterable[tuple[str, TokenSource | None]]) -> None:
-        added = self._add_runs(pieces)
-        if not self._stale:
-            for text, source in added:
-                self._append_text(text, source)
-        self.refresh(layout=True)
-
-    def _append_text(self, text: str, source: TokenSource | None) -> None:
-        """Append to ``self.text`` as shown, one span per run of a source: the same spans
-        whether the text was built at once or token by token."""
-        shown = self._shown(text)
-        if not shown:
-            return
-        start = len(self.text)
-        self.text.append(shown)
-        end = len(self.text)
-        if source is None:
-            return
-        style = self.token_style(source)
-        spans = self.text.spans
-        if spans and spans[-1].end == start and spans[-1].style is style:
-            spans[-1] = Span(spans[-1].start, end, style)
-        else:
-            spans.append(Span(start, end, style))
-
-    def _add_runs(self, pieces: Iterable[tuple[str, TokenSource | None]]
-                  ) -> list[tuple[str, TokenSource | None]]:
-        added = [(text, source) for text, source in pieces if text]
-        for text, source in added:
-            if self.runs and self.runs[-1][1] == source:
-                self.runs[-1] = (self.runs[-1][0] + text, source)
-            else:
-                self.runs.append((text, source))
-        return added
-
-    @property
-    def plain(self) -> str:
-        return "".join(text for text, _ in self.runs)
-
-    def render(self) -> Text:
-        if self._stale:
-            self.text = Text()
-            self._shown = Printable()
-            for text, source in self.runs:
-                self._append_text(text, source)
-            self._stale = False
-        return self.text
-
-
-class Legend(TokenText):
-    """One line that says what the token colours mean."""
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.show_colours(True)
-
-    def show_colours(self, on: bool) -> None:
-        self.runs, self._stale = [], True
-        if on:
-            pieces: list[tuple[str, TokenSource | None]] = [("tokens: ", None)]
-            for source in TokenSource:
-                pieces += [(f"■ {source.value}", source), ("  ", None)]
-            pieces.append(("F3 plain text", None))
-        else:
-            pieces = [("plain text (Markdown) · F3 shows the token colours again", None)]
-        self._add_runs(pieces)
-        self.refresh(layout=True)
 
 
 class MessageView(Vertical):
@@ -165,10 +49,7 @@ class MessageView(Vertical):
         self._initial_pieces = list(pieces) if pieces is not None else (
             [(content, TokenSource.TARGET)] if role == "assistant" and content else [])
         self.header = Label(self._header_text(), classes="message-header", markup=False)
-        self.tokens: TokenText | None = None
-        self.markdown: Markdown | None = None  # mounted on the first switch to plain text
-        self._markdown_shown = Printable()
-        self._markdown_starting = False
+        self.body: ReplyText | None = None  # an assistant message's text, once composed
         self._set_state_classes()
 
     @classmethod
@@ -184,16 +65,16 @@ class MessageView(Vertical):
         for attachment in self.attachments:
             yield Label(attachment_chip(attachment), classes="attachment-chip", markup=False)
         if self.role == "assistant":
-            self.tokens = TokenText(self._initial_pieces, classes="message-body")
-            self.tokens.display = self.highlight
-            yield self.tokens
+            self.body = ReplyText(self._initial_pieces, provenance=self.highlight,
+                                  classes="message-body")
+            yield self.body
         else:
             yield Static(Text(printable(self.content)), classes="message-body")
 
     @property
     def plain(self) -> str:
-        if self.tokens is not None:
-            return self.tokens.plain
+        if self.body is not None:
+            return self.body.plain
         if self.role == "assistant":
             return "".join(text for text, _ in self._initial_pieces)
         return self.content
@@ -203,45 +84,16 @@ class MessageView(Vertical):
         return self.turn is not None and not self.turn.done
 
     def append(self, pieces: Sequence[tuple[str, TokenSource]]) -> None:
-        if self.tokens is None:
+        if self.body is None:
             self._initial_pieces.extend(pieces)
-            return
-        self.tokens.append(pieces)
-        if self.markdown is not None and not self.highlight:
-            fragment = self._markdown_shown("".join(text for text, _ in pieces))
-            if fragment:
-                self.markdown.append(fragment)
-
-    def on_mount(self) -> None:
-        if self.role == "assistant" and not self.highlight:
-            self.call_later(self._start_markdown)
-
-    async def _start_markdown(self) -> None:
-        """Mount the Markdown view, then fill it. Until it is mounted, ``append`` leaves it
-        alone (a Markdown widget takes appends only once its first update has run)."""
-        if self._markdown_starting:
-            return
-        self._markdown_starting = True
-        markdown = Markdown(classes="message-body")
-        markdown.display = not self.highlight
-        await self.mount(markdown)
-        self.markdown = markdown
-        self._markdown_shown = Printable()
-        markdown.append(self._markdown_shown(self.plain))
+        else:
+            self.body.append(pieces)
 
     def set_highlighting(self, on: bool) -> None:
-        if self.role != "assistant" or on == self.highlight:
-            return
+        """Show the provenance of the reply's tokens as tints (True) or not (False)."""
         self.highlight = on
-        if self.tokens is not None:
-            self.tokens.display = on
-        if self.markdown is not None:
-            if not on:
-                self._markdown_shown = Printable()
-                self.markdown.update(self._markdown_shown(self.plain))
-            self.markdown.display = not on
-        elif not on and self.is_mounted:
-            self.call_later(self._start_markdown)
+        if self.body is not None:
+            self.body.set_provenance(on)
 
     def update_header(self, stats: TurnStats | None = None) -> None:
         if stats is not None:

@@ -1,0 +1,139 @@
+"""Replies as Markdown with the tokens' provenance, through Pilot on fake models: streamed as
+rendered at once, F3 turns the tints off and on, a theme change restyles."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from rich.console import Console
+from rich.text import Text
+
+from chatapp.chat.loader import generation_settings
+from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.loop import SpeculativeEngine
+from chatapp.settings.config import Config
+from chatapp.tui.markdown_text import render_markdown
+from chatapp.tui.reply_text import ReplyText
+from chatapp.tui.token_text import Legend
+from tests.conftest import (
+    EndlessFakeBackend,
+    RecordingSession,
+    keys,
+    ready,
+    reply_done,
+    send,
+    views,
+    wait_for,
+)
+
+SIZE = (120, 40)
+CONSOLE = Console(color_system="truecolor")
+
+
+class MarkdownFakeBackend(EndlessFakeBackend):
+    """A fake model some of whose tokens are Markdown: its replies are full of fences, markers
+    and emphasis, opened and closed anywhere."""
+
+    PIECES: ClassVar[dict[int, str]] = {
+        1: "**", 2: "`", 3: "\n```python\n", 4: "\n# ", 5: "\n- ", 6: "\n```\n", 7: "def ",
+        8: "*", 9: "\n> ", 10: "\n---\n", 11: "\x1b[31m", 12: "\r\n", 13: "_", 14: "[a](b)"}
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self.PIECES.get(token)
+        return piece.encode() if piece is not None else super().token_bytes(token)
+
+
+def markdown_factory(max_tokens: int, delay_s: float = 0.0):
+    def factory(config: Config, progress) -> RecordingSession:
+        engine = SpeculativeEngine(MarkdownFakeBackend(delay_s=delay_s),
+                                   ModelDrafter(MarkdownFakeBackend(noise=1.0)))
+        settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
+        return RecordingSession(engine, settings, seed=0)
+
+    return factory
+
+
+def spans(text: Text) -> list[tuple[int, int, str, str | None]]:
+    """(start, end, style, token) of each span of ``text``."""
+    return [(s.start, s.end, str(s.style), s.style.meta.get("token")) for s in text.spans]
+
+
+def shown(widget: ReplyText) -> list[tuple[int, int, str, str | None]]:
+    """The spans of what the widget shows."""
+    return spans(widget.render())
+
+
+def backgrounds(widget: ReplyText) -> set:
+    text = widget.render()
+    return {text.get_style_at_offset(CONSOLE, i).bgcolor for i in range(len(text))}
+
+
+async def test_a_markdown_reply_streams_into_the_same_text_as_rendered_at_once(tui_make_app):
+    app = tui_make_app(markdown_factory(max_tokens=400, delay_s=0.002))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "markdown please")
+        reply = views(app, "assistant")[-1]
+        compared = 0
+        while app.chat.turn is not None:  # mid-stream: the same as the text so far at once
+            await pilot.pause(0.02)
+            at_once = render_markdown(reply.body.runs, reply.body.markdown_styles())
+            streamed = reply.body.render()
+            assert at_once.plain == streamed.plain
+            assert spans(at_once) == spans(streamed)
+            compared += 1
+        await reply_done(pilot)
+        text = reply.body.render()
+        for marker in ("```", "**", "\x1b", "> "):
+            assert marker in reply.plain  # the fake really wrote Markdown (and an ESC)
+        assert "```" not in text.plain and "\x1b" not in text.plain and "␛[31m" in text.plain
+        assert compared >= 2
+        # Every shown character lies in exactly one span with its token's meta.
+        owners = [0] * len(text)
+        for span in text.spans:
+            if span.style.meta:
+                for index in range(span.start, span.end):
+                    owners[index] += 1
+        assert set(owners) == {1}
+
+
+async def test_f3_turns_the_tints_off_and_on_and_the_legend_says_so(tui_make_app):
+    app = tui_make_app(markdown_factory(max_tokens=120))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "x")
+        await reply_done(pilot)
+        reply = views(app, "assistant")[0].body
+        legend = app.query_one(Legend)
+        tinted, tinted_spans = reply.render().plain, shown(reply)
+        tints = {reply.token_style(source).bgcolor for _, source in reply.runs}
+        assert tints <= backgrounds(reply) and len(tints) > 1
+        assert "■" in legend.plain and "F3 hides" in legend.plain
+        await keys(pilot, "f3")
+        await pilot.pause()
+        assert backgrounds(reply) == {None}  # no tint left
+        assert reply.render().plain == tinted  # the same Markdown
+        assert [(a, b, token) for a, b, _, token in shown(reply) if token] == [
+            (a, b, token) for a, b, _, token in tinted_spans if token]
+        assert "F3 shows token colours" in legend.plain and "■" not in legend.plain
+        await send(pilot, "again")  # a reply that starts with the tints off
+        await reply_done(pilot)
+        assert backgrounds(views(app, "assistant")[1].body) == {None}
+        await keys(pilot, "f3")
+        await pilot.pause()
+        assert shown(reply) == tinted_spans and "■" in legend.plain
+        assert len(backgrounds(views(app, "assistant")[1].body)) > 1
+
+
+async def test_a_theme_change_restyles_the_reply(tui_make_app):
+    app = tui_make_app(markdown_factory(max_tokens=120))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "x")
+        await reply_done(pilot)
+        reply = views(app, "assistant")[0].body
+        dark = backgrounds(reply)
+        app.theme = "textual-light" if app.current_theme.dark else "textual-dark"
+        await wait_for(pilot, lambda: backgrounds(reply) != dark, what="the new tints")
+        assert not backgrounds(reply) & dark

@@ -61,11 +61,11 @@ def spans(text: Text) -> list[tuple[int, int, str, str | None]]:
 
 def shown(widget: ReplyText) -> list[tuple[int, int, str, str | None]]:
     """The spans of what the widget shows."""
-    return spans(widget.render())
+    return spans(widget.text)
 
 
 def backgrounds(widget: ReplyText) -> set:
-    text = widget.render()
+    text = widget.text
     return {text.get_style_at_offset(CONSOLE, i).bgcolor for i in range(len(text))}
 
 
@@ -79,12 +79,12 @@ async def test_a_markdown_reply_streams_into_the_same_text_as_rendered_at_once(t
         while app.chat.turn is not None:  # mid-stream: the same as the text so far at once
             await pilot.pause(0.02)
             at_once = render_markdown(reply.body.runs, reply.body.markdown_styles())
-            streamed = reply.body.render()
+            streamed = reply.body.text
             assert at_once.plain == streamed.plain
             assert spans(at_once) == spans(streamed)
             compared += 1
         await reply_done(pilot)
-        text = reply.body.render()
+        text = reply.body.text
         for marker in ("```", "**", "\x1b", "> "):
             assert marker in reply.plain  # the fake really wrote Markdown (and an ESC)
         assert "\x1b" not in text.plain and "␛[31m" in text.plain
@@ -107,14 +107,14 @@ async def test_f3_turns_the_tints_off_and_on_and_the_legend_says_so(tui_make_app
         await reply_done(pilot)
         reply = views(app, "assistant")[0].body
         legend = app.query_one(Legend)
-        tinted, tinted_spans = reply.render().plain, shown(reply)
+        tinted, tinted_spans = reply.text.plain, shown(reply)
         tints = {reply.token_style(source).bgcolor for _, source in reply.runs}
         assert tints <= backgrounds(reply) and len(tints) > 1
         assert "■" in legend.plain and "F3 hides" in legend.plain
         await keys(pilot, "f3")
         await pilot.pause()
         assert backgrounds(reply) == {None}  # no tint left
-        assert reply.render().plain == tinted  # the same Markdown
+        assert reply.text.plain == tinted  # the same Markdown
         assert [(a, b, token) for a, b, _, token in shown(reply) if token] == [
             (a, b, token) for a, b, _, token in tinted_spans if token]
         assert "F3 shows token colours" in legend.plain and "■" not in legend.plain

@@ -273,7 +273,7 @@ async def test_a_reply_with_control_characters_is_shown_safely_and_stored_exactl
         assert saved.content == text
         assert saved.runs is not None and "".join(t for t, _ in saved.runs) == text
         widget = reply.query_one(ReplyText)
-        rendered = widget.render()
+        rendered = widget.text
         assert_renderable_is_safe(rendered)
         shown = rendered.plain
         assert "␛[31m" in shown and "␛]0;PWNED␇" in shown and "␀" in shown and "␡" in shown
@@ -291,14 +291,14 @@ async def test_a_reply_with_control_characters_is_shown_safely_and_stored_exactl
         assert sources == [e.source.value for e in tokens for _ in piecewise(e.text)]
         streamed = [(s.start, s.end, s.style.meta["token"]) for s in rendered.spans]
         widget._restyle()  # built again at once from the runs: the same text, the same spans
-        rebuilt = widget.render()
+        rebuilt = widget.text
         assert rebuilt is not rendered and rebuilt.plain == shown
         assert [(s.start, s.end, s.style.meta["token"]) for s in rebuilt.spans] == streamed
         assert_screen_is_safe(app)
         # The same reply without the token colours (F3) is as safe.
         await keys(pilot, "f3")
         await pilot.pause(0.1)
-        assert widget.render().plain == shown
+        assert widget.text.plain == shown
         assert_screen_is_safe(app)
         # And reopened from the history.
         await app.chat_view.open_chat(app.chat.chat_id)
@@ -306,7 +306,7 @@ async def test_a_reply_with_control_characters_is_shown_safely_and_stored_exactl
         assert views(app, "assistant")[0].plain == text
         await keys(pilot, "f3")
         await pilot.pause(0.1)
-        assert_renderable_is_safe(views(app, "assistant")[0].query_one(ReplyText).render())
+        assert_renderable_is_safe(views(app, "assistant")[0].query_one(ReplyText).text)
         assert_screen_is_safe(app)
 
 

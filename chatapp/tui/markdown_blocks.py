@@ -4,10 +4,10 @@ or indented code: they show as the text they are).
 
 ``split_blocks`` reads from a block's start and is final for every block but the last: a block
 ends where a complete line starts another one, and a complete line's kind depends only on the
-line and the blocks before it. A paragraph (or a list item's text) whose complete lines hold no
-inline marker yet ends there too (the next line begins a paragraph that renders the same), so
-that a long text without blank lines is not one block. So a streaming reply keeps the blocks before its last one and
-reads again only from there (see ``MarkdownRenderer``).
+line and the blocks before it. So a streaming reply keeps the blocks before its last one and
+reads again only from there (see ``MarkdownRenderer``). A paragraph (or a list item) whose first
+line holds no inline marker ends with that line (the next line starts a paragraph that renders
+the same), so that a long text without blank lines is not one block.
 """
 
 from __future__ import annotations

@@ -113,8 +113,9 @@ class MarkdownRenderer:
         self._syntax = PygmentsSyntaxTheme(styles.syntax_theme)
         self._token_styles: dict[_TokenType, Style] = {}
 
-    def append(self, runs: Iterable[tuple[str, TokenSource]]) -> None:
-        """Add the runs' text and render what changed."""
+    def append(self, runs: Iterable[tuple[str, TokenSource]]) -> list[Text]:
+        """Add the runs' text and render what changed; returns the blocks completed by it (now
+        at the end of ``closed``)."""
         for text, source in runs:
             shown = self._printable(text)
             self.source += shown
@@ -122,11 +123,22 @@ class MarkdownRenderer:
         blocks = split_blocks(self.source, self._open_start)
         keep = open_from(blocks, self.source)
         self._open = Text(end="")
+        completed = []
         for block in blocks:
             rendered = self.render_block(block)
-            (self.closed if block.end <= keep else self._open).append_text(rendered)
+            if block.end <= keep:
+                self.closed.append_text(rendered)
+                completed.append(rendered)
+            else:
+                self._open.append_text(rendered)
         self._open_start = keep
         self._text = None
+        return completed
+
+    @property
+    def open_text(self) -> Text:
+        """The rendering of the blocks that later text may still change."""
+        return self._open
 
     @property
     def text(self) -> Text:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from rich.style import Style
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.widget import Widget
 
 from chatapp.chat.events import TokenSource
@@ -20,33 +21,74 @@ MARKDOWN_CLASSES = ("reply--h1", "reply--h2", "reply--h3", "reply--code", "reply
 SYNTAX_THEMES = {True: "monokai", False: "default"}  # by whether the app's theme is dark
 
 
+class ReplyPart(Widget):
+    """A piece of the shown reply: some completed blocks, or the blocks still open."""
+
+    DEFAULT_CSS = "ReplyPart { height: auto; }"
+
+    def __init__(self, text: Text | None = None) -> None:
+        super().__init__()
+        self.text = text if text is not None else Text(end="")
+
+    def show(self, text: Text) -> None:
+        self.text = text
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        text = self.text  # its last line break is the break before the next part
+        return text[:-1] if text.plain.endswith("\n") else text
+
+
 class ReplyText(Widget):
     """A reply as Markdown with its tokens' provenance (``provenance`` False: without).
 
-    ``append`` renders only what later text may still change (see ``MarkdownRenderer``). Each
-    shown character lies in exactly one span whose style carries ``meta={"token": source}``;
-    with provenance on, that style is the tint of the source's component style ``token--*``.
-    ``runs`` hold the text exactly as given; the rendering shows it made safe (``Printable``).
+    ``append`` renders only what later text may still change (see ``MarkdownRenderer``), and only
+    that is shown again: completed blocks go into parts of about ``PART_SIZE`` characters that
+    are laid out and painted once, and the open blocks have a part of their own. Each shown
+    character lies in exactly one span whose style carries ``meta={"token": source}``; with
+    provenance on, that style is the tint of the source's component style ``token--*``. ``runs``
+    hold the text exactly as given; the rendering shows it made safe (``Printable``).
     """
 
-    DEFAULT_CSS = "ReplyText { height: auto; }"
+    DEFAULT_CSS = "ReplyText { height: auto; layout: vertical; }"
     COMPONENT_CLASSES = set(TOKEN_CLASSES.values()) | set(MARKDOWN_CLASSES)
+    PART_SIZE = 2000
 
     def __init__(self, pieces: Iterable[tuple[str, TokenSource]] = (), *,
                  provenance: bool = True, classes: str | None = None) -> None:
         super().__init__(classes=classes)
         self.runs: list[tuple[str, TokenSource]] = []
         self.provenance = provenance
-        self._renderer: MarkdownRenderer | None = None  # built when first shown (styles: CSS)
+        self._renderer: MarkdownRenderer | None = None  # built once mounted (styles: CSS)
+        self._parts: list[ReplyPart] = []  # the completed blocks
+        self._open_part = ReplyPart()
         join_runs(self.runs, pieces)
+
+    def compose(self) -> ComposeResult:
+        yield self._open_part
 
     def on_mount(self) -> None:
         self.app.theme_changed_signal.subscribe(self, self._restyle)
+        self._restyle()
 
     def _restyle(self, _theme: object = None) -> None:
-        """Render everything again on the next refresh, in the styles of now."""
-        self._renderer = None
-        self.refresh(layout=True)
+        """Render everything again, in the styles of now."""
+        for part in self._parts:
+            part.remove()
+        self._parts = []
+        self._renderer = MarkdownRenderer(self.markdown_styles())
+        self._show(self._renderer.append(self.runs))
+
+    def _show(self, completed: list[Text]) -> None:
+        """Add the ``completed`` blocks to the parts and show the open blocks."""
+        for block in completed:
+            if not self._parts or len(self._parts[-1].text) >= self.PART_SIZE:
+                self._parts.append(ReplyPart())
+                self.mount(self._parts[-1], before=self._open_part)
+            last = self._parts[-1]
+            last.text.append_text(block)
+            last.refresh(layout=True)
+        self._open_part.show(self._renderer.open_text)
 
     @property
     def plain(self) -> str:
@@ -54,26 +96,22 @@ class ReplyText(Widget):
 
     @property
     def text(self) -> Text:
-        """The reply as shown."""
-        return self.render()
+        """The reply as shown (all its parts in one)."""
+        if self._renderer is None:
+            return Text(end="")
+        return self._renderer.text
 
     def set_provenance(self, on: bool) -> None:
         """Show the tints (True) or the Markdown alone (False)."""
         if on != self.provenance:
             self.provenance = on
-            self._restyle()
+            if self._renderer is not None:
+                self._restyle()
 
     def append(self, pieces: Iterable[tuple[str, TokenSource]]) -> None:
         added = join_runs(self.runs, pieces)
         if added and self._renderer is not None:
-            self._renderer.append(added)
-        self.refresh(layout=True)
-
-    def render(self) -> Text:
-        if self._renderer is None:
-            self._renderer = MarkdownRenderer(self.markdown_styles())
-            self._renderer.append(self.runs)
-        return self._renderer.text
+            self._show(self._renderer.append(added))
 
     def token_style(self, source: TokenSource) -> Style:
         """The style on a source's characters: its tint (provenance on) and its meta."""

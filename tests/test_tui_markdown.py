@@ -14,7 +14,7 @@ from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config
 from chatapp.tui.markdown_text import render_markdown
-from chatapp.tui.reply_text import ReplyText
+from chatapp.tui.reply_text import ReplyPart, ReplyText
 from chatapp.tui.token_text import Legend
 from tests.conftest import (
     EndlessFakeBackend,
@@ -138,3 +138,31 @@ async def test_a_theme_change_restyles_the_reply(tui_make_app):
         app.theme = "textual-light" if app.current_theme.dark else "textual-dark"
         await wait_for(pilot, lambda: backgrounds(reply) != dark, what="the new tints")
         assert not backgrounds(reply) & dark
+
+
+async def test_completed_blocks_are_painted_once_not_at_every_step(tui_make_app, monkeypatch):
+    renders: dict[int, int] = {}
+    original = ReplyPart.render
+
+    def counted(part):
+        renders[id(part)] = renders.get(id(part), 0) + 1
+        return original(part)
+
+    monkeypatch.setattr(ReplyPart, "render", counted)
+    app = tui_make_app(markdown_factory(max_tokens=1500, delay_s=0.002))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "a long one")
+        reply = views(app, "assistant")[0]
+        full = None  # the first part's renders when it was full (a part after it)
+        while app.chat.turn is not None:
+            await pilot.pause(0.01)
+            parts = reply.body.parts
+            if full is None and len(parts) >= 3:
+                full = renders[id(parts[0])]
+        await reply_done(pilot)
+        body = reply.body
+        assert full is not None and len(body.parts) > 3
+        assert "".join(part.text.plain for part in body.parts) == body.text.plain
+        assert renders[id(body.parts[0])] <= full + 1  # not painted again as the reply went on
+        assert renders[id(body.parts[-1])] > 20  # the open blocks' part: at every step

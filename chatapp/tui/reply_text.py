@@ -95,6 +95,11 @@ class ReplyText(Widget):
         return "".join(text for text, _ in self.runs)
 
     @property
+    def parts(self) -> list[ReplyPart]:
+        """The parts shown, in order: the completed blocks', then the open blocks'."""
+        return [*self._parts, self._open_part]
+
+    @property
     def text(self) -> Text:
         """The reply as shown (all its parts in one)."""
         if self._renderer is None:

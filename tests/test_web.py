@@ -268,9 +268,9 @@ def rgb(hex_colour: str) -> list[int]:
     return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
 
 
-def sgr_colour(hex_colour: str) -> bytes:
-    """The escape sequence's parameters for a 24-bit foreground colour."""
-    return "38;2;{};{};{}".format(*rgb(hex_colour)).encode()
+def sgr_background(hex_colour: str) -> bytes:
+    """The escape sequence's parameters for a 24-bit background colour."""
+    return "48;2;{};{};{}".format(*rgb(hex_colour)).encode()
 
 
 COUNT_COLOUR_JS = """async ([png, colours]) => {
@@ -364,14 +364,14 @@ def test_a_reply_streams_into_a_browser_tab_with_its_colours_and_stats(
     from chatapp.tui.app import SpecChatApp
 
     theme = SpecChatApp(Config()).get_css_variables()
-    accepted, resampled = theme["text-success"], theme["text-warning"]
+    accepted, resampled = theme["success-muted"], theme["warning-muted"]  # the tokens' tints
     received, errors, after, counts = say_hello_in_a_browser(
         server, [rgb(accepted), rgb(resampled)])
     text = ANSI.sub(b"", received)
     for label in (b"Hello there", b"Speculation", b"Drafted", b"Accepted", b"Per target call",
                   b"Acceptance by position", b"verify", b"First token"):
         assert label in text, label
-    assert sgr_colour(accepted) in received and sgr_colour(resampled) in received
+    assert sgr_background(accepted) in received and sgr_background(resampled) in received
     (before_accepted, before_resampled), (after_accepted, after_resampled) = counts
     assert after_accepted > before_accepted + 200, counts  # the reply's tokens, painted
     assert after_resampled > before_resampled + 200, counts

@@ -136,7 +136,7 @@ class Legend(TokenText):
             pieces: list[tuple[str, TokenSource | None]] = [("tokens: ", None)]
             for source in TokenSource:
                 pieces += [("■", source), (f" {source.value}  ", None)]
-            pieces.append(("F3 hides the colours", None))
+            pieces.append(("F3 hides them", None))
         else:
             pieces = [("Markdown without token colours · F3 shows token colours", None)]
         self._add_runs(pieces)

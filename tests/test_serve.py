@@ -269,12 +269,8 @@ def test_a_client_that_disconnects_frees_the_engine_at_once(tmp_path) -> None:
             reply = ask(server, "next", max_tokens=3)
             assert reply.usage.completion_tokens == 3
             assert time.monotonic() - started < 2.0
-        # The reply reaches the client a moment before the models' thread finishes its turn
-        # and the engine is marked free: within the issue's "a second or two".
-        deadline = time.monotonic() + 2.0
-        while "specchat_generating 0.0" not in raw(server, "GET", "/metrics")[2].decode():
-            assert time.monotonic() < deadline, "the engine stayed busy after the reply"
-            time.sleep(0.05)
+        # a reply reaches its client only once the models' thread has ended its turn
+        assert "specchat_generating 0.0" in raw(server, "GET", "/metrics")[2].decode()
     finally:
         assert server.stop() == 0
 

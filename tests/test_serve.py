@@ -358,7 +358,10 @@ def test_the_prediction_measurement_sends_each_edit_both_ways(server) -> None:
     assert original_code("Fix this:\n\nx = 1") == "x = 1"
     out = io.StringIO()
     prompts = select_prompts(load_prompts(), "edit-rename,edit-fstring")
-    ratios = measure(server.base_url, server.base_url, prompts, 24, out)
+    ratios = measure(server.base_url, server.base_url, prompts, 24, out,
+                     target_url=server.base_url, repeats=2)
     rows = [line for line in out.getvalue().splitlines() if line.startswith("| edit-")]
     assert len(ratios) == len(rows) == 2 and all(ratio > 0 for ratio in ratios)
     assert all(row.endswith("| yes |") for row in rows), out.getvalue()
+    assert "median of 2" in out.getvalue()
+    assert "Speed-up over target-only with the prediction" in out.getvalue()

@@ -12,6 +12,7 @@ import pytest
 
 import chatapp.chat.attachments
 import chatapp.chat.loader
+from chatapp.bench import load_prompts, select_prompts
 from chatapp.chat.attachments import (
     Attachment,
     AttachmentError,
@@ -154,7 +155,7 @@ def fake_models(monkeypatch, tmp_path):
     """`specchat run` loads fake models (no config file); returns the turns it began and the
     models it loaded."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    factory = tui_fake_factory(max_tokens=20, n_ctx=256)
+    factory = tui_fake_factory(max_tokens=20, n_ctx=2048)
     loads: list[str] = []
 
     def build(config, progress, with_draft=True):
@@ -180,13 +181,31 @@ def test_specchat_run_attaches_every_file_given(folder, fake_models, capsys):
         "Add type hints", [read_attachment("greet.py"), read_attachment("two.txt")])
 
 
+CODE_EDITS = [p for p in load_prompts() if p.category == "code-edit"]
+
+
+@pytest.mark.parametrize("prompt", CODE_EDITS, ids=[p.id for p in CODE_EDITS])
+def test_the_bench_attaches_a_code_edits_code_as_specchat_run_file_does(folder, fake_models,
+                                                                       prompt):
+    """The code-edit-file variant of a bench prompt is the message `specchat run --file` sends
+    with that prompt's code in a file and its instruction as the prompt."""
+    begun, _ = fake_models
+    instruction, code = prompt.text.split("\n\n```python\n")
+    (folder / f"{prompt.id.replace('-', '_')}.py").write_text(code.removesuffix("```"))
+    [variant] = select_prompts(CODE_EDITS, prompt.id + "-file")
+    assert main(["run", "--file", f"{prompt.id.replace('-', '_')}.py",
+                 instruction.removesuffix(":") + "."]) == 0
+    [turn] = begun
+    assert variant.category == "code-edit-file" and variant.text == turn.messages[-1].content
+
+
 @pytest.mark.parametrize("name, reason", [("gone.py", "There is no file"),
                                           (".", "is a folder"), ("bin.dat", "not a text file"),
                                           ("big.txt", "needs")])
 def test_specchat_run_refuses_a_file_in_one_line(folder, fake_models, capsys, name, reason):
     begun, loads = fake_models
     (folder / "bin.dat").write_bytes(b"\0\1\2")
-    (folder / "big.txt").write_text("the spec " * 400)
+    (folder / "big.txt").write_text("the spec " * 4000)
     assert main(["run", "--file", name, "Summarise"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("specchat: ") and reason in err and err.count("\n") == 1

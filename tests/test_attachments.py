@@ -71,13 +71,14 @@ def test_a_missing_path_a_folder_and_a_binary_file_are_refused_clearly(folder, m
         read_attachment("greet.py")
 
 
-def test_the_models_see_each_file_fenced_with_its_path_and_language_then_the_text():
+def test_the_models_see_each_file_fenced_with_its_language_and_path_then_the_text():
     first = Attachment("a.py", "python", "x = 1")
     tricky = Attachment("doc.md", "markdown", "```python\ncode\n````\n")
     assert message_text("Add type hints", [first, tricky]) == (
-        "File `a.py`:\n```python\nx = 1\n```\n\n"
-        "File `doc.md`:\n`````markdown\n```python\ncode\n````\n`````\n\nAdd type hints")
-    assert message_text("", [first]) == "File `a.py`:\n```python\nx = 1\n```"
+        "```python a.py\nx = 1\n```\n\n"
+        "`````markdown doc.md\n```python\ncode\n````\n`````\n\nAdd type hints")
+    assert message_text("", [first]) == "```python a.py\nx = 1\n```"
+    assert message_text("", [Attachment("notes", "", "a\n")]) == "```text notes\na\n```"
     assert message_text("just text", []) == "just text"
 
 
@@ -86,11 +87,11 @@ def test_a_file_that_does_not_fit_says_what_it_needs_and_what_is_left():
         return len(text.split())
 
     small = Attachment("s.txt", "text", "one two")
-    check_fits("hi", [small], count, room=7)  # "File `s.txt`:", the fences, the text: 6 words
-    with pytest.raises(AttachmentError, match=r"The file s.txt needs 6 tokens and 4 are left "
+    check_fits("hi", [small], count, room=6)  # "```text s.txt", the text, "```", "hi": 6 words
+    with pytest.raises(AttachmentError, match=r"The file s.txt needs 5 tokens and 4 are left "
                                               r".*larger --n-ctx"):
         check_fits("hi there", [small], count, room=6)
-    with pytest.raises(AttachmentError, match="The files s.txt, s.txt need 12 tokens and 0 "):
+    with pytest.raises(AttachmentError, match="The files s.txt, s.txt need 10 tokens and 0 "):
         check_fits("a b c d e f g", [small, small], count, room=6)
     check_fits("a b c d e f g", [], count, room=6)  # no file: nothing to refuse here
 
@@ -122,7 +123,7 @@ def test_an_attachment_is_sent_saved_and_shown_again_in_a_reopened_chat(chat, fo
     attachment = read_attachment("greet.py")
     turn = chat.begin("Add type hints", [attachment])
     assert turn.messages[-1].content == message_text("Add type hints", [attachment])
-    assert f"```python\n{CODE}```" in turn.messages[-1].content and turn.user_text == (
+    assert f"```python greet.py\n{CODE}```" in turn.messages[-1].content and turn.user_text == (
         "Add type hints")
     chat.run(turn)
     chat_id = chat.chat_id
@@ -133,7 +134,7 @@ def test_an_attachment_is_sent_saved_and_shown_again_in_a_reopened_chat(chat, fo
     assert reopened.messages[0].content == turn.messages[-1].content
     assert [hit.chat_id for hit in chat.history.search("type hints")] == [chat_id]
     with SavedChats.at(chat.history.path) as saved:
-        assert f"```python\n{CODE}```\n\nAdd type hints" in saved.export(chat_id, "md")
+        assert f"```python greet.py\n{CODE}```\n\nAdd type hints" in saved.export(chat_id, "md")
         exported = saved.export(chat_id, "json")
         assert json.loads(exported)["messages"][0]["attachments"] == [attachment.to_json()]
         copy = saved.import_json(exported)

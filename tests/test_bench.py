@@ -114,7 +114,7 @@ def test_the_code_edits_attached_as_files_are_selectable_by_name_only() -> None:
     files = select_prompts(prompts, "code-edit-file")
     assert [p.id for p in files] == [id + "-file" for id in edits]
     assert {p.category for p in files} == {"code-edit-file"}
-    assert all(p.text.startswith("File `edit_") for p in files)
+    assert all(p.text.startswith(f"```python {p.id[:-5].replace('-', '_')}.py\n") for p in files)
     assert select_prompts(prompts, None) == prompts and len(select_prompts(prompts, "50")) == 19
     both = select_prompts(prompts, "code-edit,code-edit-file")  # each right after its prompt
     assert [p.id for p in both] == [id + end for id in edits for end in ("", "-file")]

@@ -4,9 +4,10 @@ A "code-edit" prompt is an instruction, a blank line, then the code in one fence
 variant (id ``<id>-file``) sends the same code the way ``specchat run --file`` does: the code is
 written to a file in a temporary folder (named after the prompt, with the extension of the
 fence's language: ``edit_rename.py``), read back by ``read_attachment`` and put in the message by
-``message_text``, so the bench runs the app's own attachment path (the file first, fenced under
-its path, then the instruction). The instruction's closing colon, which pointed at the code
-below it, becomes a full stop. A code-edit prompt laid out otherwise has no file variant.
+``message_text``, so the bench runs the app's own attachment path (the file first, fenced with
+its language and path, then the instruction). The instruction's closing colon, which pointed at
+the code below it, becomes a full stop. A code-edit prompt laid out otherwise has no file
+variant.
 
 The variants are not part of the default prompt set (they would count the code edits twice):
 ``select_prompts`` offers them when their id or category is named, each right after its prompt,

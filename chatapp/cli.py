@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
     bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
-                       "or categories (code-write, code-edit, prose, qa); default: all")
+                       "or categories (code-write, code-edit, prose, qa; code-edit-file: the code "
+                       "edits attached as by run --file); default: all but code-edit-file")
     bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
                        "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
@@ -147,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "ending in -noedit: without speculative edits), each optionally with @N "
                        "(N CPU threads) or @auto (default: target, K=1..8, auto, ngram auto, "
                        "ngram+model auto)")
-    bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
-                       "e.g. 1,2,4")
+    bench.add_argument("--k-values", type=_k_values, help="K values of the default set, e.g. 1,2,4")
     bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "
                        "times, interleaved, and keep each configuration's fastest run")
     bench.add_argument("--busy", type=_non_negative_int, default=0, help="run N CPU-bound "

@@ -77,7 +77,8 @@ async def test_an_at_path_attaches_the_file_and_a_reopened_chat_shows_its_chip(
         entry = app.chat.entries[0]
         assert [(a.path, a.language, a.text) for a in entry.attachments] == [
             ("src/add.py", "python", CODE)]
-        assert "```python\n" + CODE + "```" in app.chat.messages[0].content  # what models see
+        sent = app.chat.messages[0].content  # what the models see
+        assert "```python src/add.py\n" + CODE + "```" in sent
         assert app.chat_input.text == ""
     reopened = tui_make_app(folder=folder)
     async with reopened.run_test(size=SIZE) as pilot:

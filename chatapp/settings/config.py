@@ -71,14 +71,14 @@ class Config:
     layout: str = "auto"  # weight layout of catalog models: fastest faithful, shipped, or fast
     rpc: tuple[str, ...] = ()  # "host:port" of RPC servers that hold the target's layers
     tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
-    preset: str = ""  # the preset these settings were chosen from; "" none
+    # The preset these settings were chosen from ("" none; a reopened chat's may be gone from
+    # ``presets``: the file and the command line choose among them, ``with_preset``).
+    preset: str = ""
     presets: tuple[Preset, ...] = BUILTIN_PRESETS  # every preset that can be chosen
 
     def __post_init__(self) -> None:
         for problem in problems(self) + _rpc_problems(self):
             raise ConfigError(problem)
-        if self.preset and find_preset(self.presets, self.preset) is None:
-            raise ConfigError(unknown_preset(self.presets, self.preset))
 
     def with_preset(self, name: str) -> Config:
         """A copy with the preset ``name``'s values and label ("": the label only cleared);
@@ -92,10 +92,12 @@ class Config:
 
     @property
     def holds_preset(self) -> bool:
-        """Whether every value the chosen preset sets is in force (True without a preset)."""
+        """Whether every value the chosen preset sets is in force (True without a preset, False
+        for one gone from ``presets``)."""
         preset = find_preset(self.presets, self.preset)
-        return preset is None or all(getattr(self, field) == value
-                                     for field, value in preset.values)
+        if preset is None:
+            return not self.preset
+        return all(getattr(self, field) == value for field, value in preset.values)
 
     def measured_setup(self) -> list[str]:
         """The settings that change what the auto policy measures (costs, acceptance): the key of
@@ -126,6 +128,20 @@ class Config:
     def fixed_draft_length(self) -> int | None:
         """K as a number, or None for "auto"."""
         return None if self.draft_length == "auto" else int(self.draft_length)
+
+
+def command_line_settings(config: Config, options: dict[str, Any]) -> dict[str, Any]:
+    """What the command line's ``options`` (argparse's, by Config field name; absent ones left
+    out) set over ``config``: its preset's values and name (``preset``), then its other options,
+    which win. ``ConfigError`` naming the presets there are for an unknown preset."""
+    names = {f.name for f in fields(Config)} - {"presets", "preset"}
+    given = {key: value for key, value in options.items() if key in names and value is not None}
+    if options.get("preset") is None:
+        return given
+    chosen = config.with_preset(options["preset"])
+    preset = find_preset(config.presets, chosen.preset)
+    values = preset.settings if preset is not None else {}
+    return {"preset": chosen.preset, **values} | given
 
 
 def default_config_path() -> Path:

@@ -41,7 +41,7 @@ HELP_TEXT = {
     "draft_length(-1)": "Draft length K - 1 (K 0: the target alone, the speedup baseline)",
     "toggle_stats": "Stats panel: the live, selected or latest turn",
     "toggle_highlight": "Token colours on / off (off: the reply as Markdown)",
-    "settings": "Settings: sampling, K, seed, system prompt, models",
+    "settings": "Settings: preset, sampling, K, seed, system prompt, models",
     "new_chat": "New chat",
     "attach_file": "Attach a file: pick it in a tree, its @path goes in the message",
     "chats": "Saved chats: open, search, rename, delete, export",
@@ -123,6 +123,9 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
     ]
     for title, help_text, callback in commands:
         yield SystemCommand(title, help_text, callback)
+    for preset in app.config.presets:
+        yield SystemCommand(f"Preset: {preset.name}", f"From the next reply: {preset.summary()}",
+                            lambda name=preset.name: app.use_preset(name))
     for k in (0, 1, 2, 3, 4, 5, 6, 8):
         note = " (target alone: measures the speedup baseline)" if k == 0 else ""
         yield SystemCommand(f"Draft length K = {k}", f"Draft {k} tokens per step{note}",

@@ -84,15 +84,14 @@ def read_mentions(text: str, folder: Path) -> tuple[str, list[Attachment]]:
     return bare, attachments
 
 
-def mentions_to_count(text: str, folder: Path,
-                      limit: int = METER_BYTES) -> tuple[str, list[Attachment]]:
+def mentions_to_count(text: str, folder: Path) -> tuple[str, list[Attachment]]:
     """``text`` as the context meter counts it before it is sent: as ``read_mentions`` makes it
-    for the files that can be attached and hold at most ``limit`` bytes (read while the user
+    for the files that can be attached and hold at most ``METER_BYTES`` (read while the user
     types); the ``@path`` word of any other file stays in the text, counted as typed."""
     files: dict[str, Attachment] = {}
     for path in split_mentions(text)[1]:
         try:
-            if attachment_path(path, folder).stat().st_size <= limit:
+            if attachment_path(path, folder).stat().st_size <= METER_BYTES:
                 files[path] = read_attachment(path, folder)
         except (OSError, AttachmentError):
             continue

@@ -104,8 +104,9 @@ METER_DELAY_S = 0.3  # the context meter counts the typed text once the typing p
 class ContextMeter(Static):
     """The context meter: "ctx 1.2k/4k", the tokens the next turn's prompt uses of the context
     window (the chat and the text in the message box, its ``@path`` files read, as the
-    ``overflow`` setting would send them), and how many of the chat's messages are out of the model's view. From 80% of the
-    window on it has the class ``-warning``. The app tells it what to show (``show``)."""
+    ``overflow`` setting would send them), and how many of the chat's messages are out of the
+    model's view. From 80% of the window on it has the class ``-warning``. The app tells it what
+    to show (``show``)."""
 
     _timer: Timer | None = None
 

@@ -122,13 +122,15 @@ async def test_a_reopened_chat_keeps_its_preset_settings_and_attachment(tui_make
         await send(pilot, "and b?")
         await reply_done(pilot)
         assert app.chat.entries[-1].meta["temperature"] == 0.0
+        app.apply_config(app.config.with_overrides(top_k=5))  # changed mid-chat: recorded
     # Started again (default settings): the app reopens the last chat used, as it was.
     reopened = tui_make_app(factory(), folder=folder)
     async with reopened.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert reopened.chat.chat_id == first
         assert (reopened.config.preset, reopened.config.system_prompt,
-                reopened.config.temperature) == ("code", CODE_PROMPT, 0.0)
+                reopened.config.temperature, reopened.config.top_k) == (
+            "code", CODE_PROMPT, 0.0, 5)
         assert reopened.chat.session.system_prompt == CODE_PROMPT
         assert chips(reopened) == ["📎 src/add.py (2 lines)"]
         assert reopened.chat.entries[0].attachments[0].text == CODE

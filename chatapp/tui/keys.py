@@ -41,7 +41,7 @@ HELP_TEXT = {
     "draft_length(-1)": "Draft length K - 1 (K 0: the target alone, the speedup baseline)",
     "toggle_stats": "Stats panel: the live, selected or latest turn",
     "toggle_highlight": "Token colours on / off (off: the reply as Markdown)",
-    "settings": "Settings: preset, sampling, K, seed, system prompt, models",
+    "settings": "Settings: sampling, K, seed, system prompt, models",
     "new_chat": "New chat",
     "attach_file": "Attach a file: pick it in a tree, its @path goes in the message",
     "chats": "Saved chats: open, search, rename, delete, export",

@@ -12,7 +12,7 @@ import pytest
 from textual.command import CommandPalette
 from textual.widgets import Input, Select, TextArea
 
-from chatapp.settings.config import Config
+from chatapp.settings.config import Config, load_config
 from chatapp.settings.presets import BUILTIN_PRESETS, CODE_PROMPT, Preset
 from chatapp.tui.screens import SettingsScreen
 from chatapp.tui.widgets import MessageView, Note
@@ -55,8 +55,9 @@ def folder(tmp_path: Path) -> Path:
     return where
 
 
-async def test_choosing_a_preset_in_settings_fills_its_fields_and_applies_it(tui_make_app):
-    app = tui_make_app(factory())
+async def test_choosing_a_preset_in_settings_fills_its_fields_and_applies_it(tui_make_app,
+                                                                             tmp_path):
+    app = tui_make_app(factory(), config_path=tmp_path / "config.toml")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press("f4")
@@ -80,6 +81,22 @@ async def test_choosing_a_preset_in_settings_fills_its_fields_and_applies_it(tui
         assert (app.config.preset, app.config.max_tokens, app.config.top_k) == ("code", 77, 0)
         assert app.chat.session.system_prompt == CODE_PROMPT
         assert "│ code │" in status(app)
+        # A new chat starts with the defaults; "Save as defaults" makes new ones.
+        await pilot.press("ctrl+n")
+        await ready(pilot)
+        assert (app.config.preset, app.config.system_prompt) == ("", "")
+        await pilot.press("f4")
+        await pilot.pause()
+        app.screen.query_one("#set-preset", Select).value = "chat"
+        await pilot.pause()
+        await pilot.press("f8")
+        await ready(pilot)
+        assert load_config(tmp_path / "config.toml").preset == "chat"
+        app.use_preset("code")
+        await ready(pilot)
+        await pilot.press("ctrl+n")
+        await ready(pilot)
+        assert (app.config.preset, app.config.temperature) == ("chat", 0.7)
 
 
 async def test_a_preset_from_the_command_palette_is_in_force_for_the_next_reply(tui_make_app):
@@ -175,3 +192,7 @@ async def test_the_command_lines_settings_win_over_the_chat_the_app_starts_with(
         assert (started.config.preset, started.config.temperature, started.config.top_k) == (
             "chat", 0.2, 40)
         assert started.chat.session.settings.sampling.temperature == 0.2
+        await pilot.press("ctrl+n")  # a new chat: the settings the app started with
+        await pilot.pause()
+        assert (started.config.preset, started.config.temperature, started.config.top_k) == (
+            "", 0.2, 0)

@@ -33,7 +33,7 @@ from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.chat_view import ChatView
-from chatapp.tui.chats_screen import ChatChoice, ChatListScreen
+from chatapp.tui.chats_screen import ChatChoice, ChatListScreen, export_markdown
 from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import ModelLoader, SessionFactory
@@ -63,6 +63,7 @@ class SpecChatApp(App[int]):
                  folder: Path | None = None, given: dict[str, Any] | None = None) -> None:
         super().__init__()
         self._given = given or {}
+        self._defaults = config  # what a new chat starts with (Save as defaults changes it)
         self.folder = folder or Path.cwd()
         self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or self._build_session
@@ -290,15 +291,18 @@ class SpecChatApp(App[int]):
             self.push_screen(HelpScreen(help_sections()))
 
     def action_settings(self) -> None:
-        self.push_screen(SettingsScreen(self.config, self.config_path), self.apply_config)
+        screen = SettingsScreen(self.config, self.config_path)
+        self.push_screen(screen, lambda config: self.apply_config(config, defaults=screen.saved))
 
     def use_preset(self, name: str) -> None:
         """Answer with the preset ``name``'s settings from the next reply on."""
         self.apply_config(self.config.with_preset(name), f"Preset {name}: from the next reply.")
 
-    def apply_config(self, config: Config | None,
-                     told: str = "Settings applied from the next reply.") -> None:
-        """Answer with ``config`` from the next reply on (``told`` says so); reload if need be."""
+    def apply_config(self, config: Config | None, told: str = "Settings applied from the next "
+                     "reply.", defaults: Config | None = None) -> None:
+        """Answer with ``config`` from the next reply on (``told`` says so), reloading if need
+        be; ``defaults``: what new chats start with from now on (None: as they did)."""
+        self._defaults = defaults or self._defaults
         if config is None or config == self.config:
             return
         if not self.chat.reconfigure(config):
@@ -317,7 +321,7 @@ class SpecChatApp(App[int]):
     # -- saved chats ----------------------------------------------------------------------------
 
     async def action_new_chat(self) -> None:
-        await self.chat_view.open_chat(None)
+        await self.reopen(None)
         self._follow_view()
 
     def action_chats(self) -> None:
@@ -335,16 +339,17 @@ class SpecChatApp(App[int]):
         if result is not None and result[0] == "open":
             await self.reopen(result[1], result[2])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
-            await self.chat_view.open_chat(None)
+            await self.reopen(None)
         self._follow_view()
 
     async def reopen(self, chat_id: int | None, at: int | None = None) -> None:
-        """Open saved chat ``chat_id`` (at message ``at``) with the settings it recorded (the
-        command line's over them, for the chat the app starts with)."""
+        """Open saved chat ``chat_id`` (at message ``at``) with its recorded settings (at the
+        start the command line's over them); None: a new chat, on the defaults (``_defaults``)."""
         await self.chat_view.open_chat(chat_id)
         if at is not None:
             self.message_list.show_message(at)
-        config, note = self.chat.chats.reopened(chat_id, self.config, self._given)
+        base = self.config if chat_id is not None else self._defaults
+        config, note = self.chat.chats.reopened(chat_id, base, self._given)
         self._given = {}
         if note:
             self.chat_view.add_note(note)
@@ -357,13 +362,8 @@ class SpecChatApp(App[int]):
         chat_id = self.chat.chat_id
         if not self.chat.chats.available or chat_id is None:
             self.notify("Nothing to export yet: send a message first.", severity="warning")
-            return
-        try:
-            path = self.chat.chats.export_markdown(chat_id, self.export_dir)
-        except UserFacingError as error:
-            self.notify(str(error), severity="error", markup=False)
-            return
-        self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)
+        else:
+            export_markdown(self, self.chat.chats, chat_id, self.export_dir)
 
     # -- the ways out ---------------------------------------------------------------------------
 

@@ -106,6 +106,7 @@ class SettingsScreen(ModalScreen[Config | None]):
         self.config = config
         self.config_path = config_path
         self._preset = config.preset  # the preset chosen last in the form
+        self.saved: Config | None = None  # the settings written by "Save as defaults"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="settings-box", classes="dialog"):
@@ -197,6 +198,7 @@ class SettingsScreen(ModalScreen[Config | None]):
             self.query_one("#settings-error", Label).update(Text(str(error)))
             return
         self.notify(f"Saved to {path}", title="Settings saved", timeout=6, markup=False)
+        self.saved = config
         self.dismiss(config)
 
     def read_config(self) -> Config:

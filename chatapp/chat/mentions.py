@@ -31,8 +31,9 @@ MENTION = re.compile(r'(?<!\S)@(?:"([^"\n]+)"|(\S*[^\s.,;:!?)\]}>"\']))')
 FENCE = re.compile(r"^ *(```|~~~).*?(?:^ *\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 # The @word the cursor is at the end of, in the text before the cursor.
 TYPING = re.compile(r'(?<!\S)@([^\s"]*)\Z')
-# The largest file the context meter reads while a message is typed (on the UI thread).
-METER_BYTES = 256 * 1024
+# The largest file the context meter reads and counts while a message is typed (on the UI
+# thread: its tokenizing must not stall the typing; docs/benchmarks.md has the times).
+METER_BYTES = 32 * 1024
 
 
 def mention(path: str) -> str:

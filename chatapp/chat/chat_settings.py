@@ -34,6 +34,7 @@ class ChatSettings:
 
     @classmethod
     def of(cls, config: Config) -> ChatSettings:
+        """The preset name and the ``CHAT_SETTINGS`` values of ``config``."""
         return cls(config.preset, tuple((name, getattr(config, name)) for name in CHAT_SETTINGS))
 
     def to_json(self) -> dict[str, Any]:

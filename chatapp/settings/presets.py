@@ -34,7 +34,6 @@ class Preset:
 
     name: str
     values: tuple[tuple[str, Any], ...]
-    builtin: bool = False
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -55,7 +54,7 @@ class Preset:
         return ", ".join(parts)
 
 
-def preset_of(name: str, table: dict[str, Any], builtin: bool = False) -> Preset:
+def preset_of(name: str, table: dict[str, Any]) -> Preset:
     """The preset ``name`` of the TOML table ``table``; ``PresetError`` for an unknown key, a
     value of the wrong type or one its setting does not allow."""
     values = []
@@ -76,7 +75,7 @@ def preset_of(name: str, table: dict[str, Any], builtin: bool = False) -> Preset
         if problem is not None:
             raise PresetError(f"preset '{name}': {problem.replace(field, key, 1)}")
         values.append((field, parsed))
-    return Preset(name, tuple(values), builtin)
+    return Preset(name, tuple(values))
 
 
 CODE_PROMPT = ("You are a careful programming assistant. Answer with working code first, then "
@@ -84,9 +83,9 @@ CODE_PROMPT = ("You are a careful programming assistant. Answer with working cod
 
 BUILTIN_PRESETS: tuple[Preset, ...] = (
     preset_of("code", {"system": CODE_PROMPT, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-                       "k": "auto", "drafter": "ngram+model"}, builtin=True),
+                       "k": "auto", "drafter": "ngram+model"}),
     preset_of("chat", {"system": "", "temperature": 0.7, "top_k": 40, "top_p": 0.95,
-                       "k": "auto", "drafter": "ngram+model"}, builtin=True),
+                       "k": "auto", "drafter": "ngram+model"}),
 )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from chatapp.chats_command import add_chats_parser, chats_command
 from chatapp.errors import UserFacingError
 from chatapp.offline import stay_offline
-from chatapp.settings.config import Config, load_config
+from chatapp.settings.config import Config, command_line_settings, load_config
 from chatapp.settings.options import (
     DEFAULT_RPC_PORT,
     OPTIONS,
@@ -71,6 +71,7 @@ def _model_options() -> argparse.ArgumentParser:
     """Options shared by the chat app, run and bench; absent ones leave the config untouched."""
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     common.add_argument("--config", type=Path, help="config file (default: the user config dir)")
+    common.add_argument("--preset", help="a preset of the config file (built in: code, chat)")
     common.add_argument("--draft", help="draft model: catalog alias or path")
     common.add_argument("--target", help="target model: catalog alias or path")
     common.add_argument("--backend", **_option("backend"),
@@ -237,11 +238,9 @@ def rpc_server_command(args: argparse.Namespace) -> int:
 
 
 def load_settings(args: argparse.Namespace) -> Config:
-    """The config file with the command line's options applied on top."""
-    options = vars(args)
-    config = load_config(options.get("config"))
-    names = set(Config.__dataclass_fields__)
-    return config.with_overrides(**{k: v for k, v in options.items() if k in names})
+    """The config file with the command line's preset and options over it."""
+    config = load_config(vars(args).get("config"))
+    return config.with_overrides(**command_line_settings(config, vars(args)))
 
 
 def bench(config: Config, args: argparse.Namespace) -> int:
@@ -315,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return web_command(app_command(model_argv(args)), args.port, args.open)
         from chatapp.tui.app import run_app
 
-        return run_app(config, vars(args).get("config"))
+        given = command_line_settings(config, vars(args))  # over the chat the app reopens
+        return run_app(config, vars(args).get("config"), given)
     except UserFacingError as error:
         print(f"specchat: {error}", file=sys.stderr)
         return 1

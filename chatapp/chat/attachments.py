@@ -84,13 +84,19 @@ def language_of(path: str) -> str:
     return LANGUAGES.get(name.rpartition(".")[2], "") if "." in name else ""
 
 
+def attachment_path(path: str, folder: Path | None = None) -> Path:
+    """Where the file ``path`` is: ``~`` expanded, relative to ``folder`` (None: the current
+    one) unless absolute."""
+    where = Path(path).expanduser()
+    return where if where.is_absolute() else (folder or Path.cwd()) / where
+
+
 def read_attachment(path: str, folder: Path | None = None) -> Attachment:
     """The file at ``path`` (``~`` expanded; relative to ``folder``, by default the current
     one) as an attachment; ``AttachmentError`` when it cannot be one."""
     if not path.strip():
         raise AttachmentError("Give the path of a file to attach.")
-    where = Path(path).expanduser()
-    where = where if where.is_absolute() else (folder or Path.cwd()) / where
+    where = attachment_path(path, folder)
     if where.is_dir():
         raise AttachmentError(f"{path} is a folder: attach the files in it one by one.")
     if not where.exists():

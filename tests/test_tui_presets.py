@@ -6,9 +6,6 @@ settings win over the chat the app starts with."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from textual.command import CommandPalette
 from textual.widgets import Input, Select, TextArea
 
@@ -16,10 +13,10 @@ from chatapp.settings.config import Config, load_config
 from chatapp.settings.presets import BUILTIN_PRESETS, CODE_PROMPT, Preset
 from chatapp.tui.screens import SettingsScreen
 from chatapp.tui.widgets import MessageView, Note
+from tests.conftest import ADD_PY as CODE
 from tests.conftest import ready, reply_done, send, tui_fake_factory, wait_for
 
 SIZE = (120, 40)
-CODE = "def add(a, b):\n    return a + b\n"
 
 
 def status(app) -> str:
@@ -45,14 +42,6 @@ def factory():
         return session
 
     return make
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    where = tmp_path / "project"
-    (where / "src").mkdir(parents=True)
-    (where / "src" / "add.py").write_text(CODE)
-    return where
 
 
 async def test_choosing_a_preset_in_settings_fills_its_fields_and_applies_it(tui_make_app,

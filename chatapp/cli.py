@@ -20,7 +20,7 @@ from typing import Any
 from chatapp.chats_command import add_chats_parser, chats_command
 from chatapp.errors import UserFacingError
 from chatapp.offline import stay_offline
-from chatapp.settings.config import Config, load_config
+from chatapp.settings.config import Config, command_line_settings, load_config
 from chatapp.settings.options import (
     DEFAULT_RPC_PORT,
     OPTIONS,
@@ -71,6 +71,7 @@ def _model_options() -> argparse.ArgumentParser:
     """Options shared by the chat app, run and bench; absent ones leave the config untouched."""
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     common.add_argument("--config", type=Path, help="config file (default: the user config dir)")
+    common.add_argument("--preset", help="a preset of the config file (built in: code, chat)")
     common.add_argument("--draft", help="draft model: catalog alias or path")
     common.add_argument("--target", help="target model: catalog alias or path")
     common.add_argument("--backend", **_option("backend"),
@@ -139,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
     bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
-                       "or categories (code-write, code-edit, prose, qa); default: all")
+                       "or categories (code-write, code-edit, prose, qa; code-edit-file: the code "
+                       "edits attached as by run --file); default: all but code-edit-file")
     bench.add_argument("--prompt-file", type=Path, help="another prompt set, same JSON layout as "
                        "chatapp/data/bench_prompts.json")
     bench.add_argument("--configs", type=_bench_configs, help="comma-separated: target, "
@@ -147,8 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "ending in -noedit: without speculative edits), each optionally with @N "
                        "(N CPU threads) or @auto (default: target, K=1..8, auto, ngram auto, "
                        "ngram+model auto)")
-    bench.add_argument("--k-values", type=_k_values, help="the K values of the default set, "
-                       "e.g. 1,2,4")
+    bench.add_argument("--k-values", type=_k_values, help="K values of the default set, e.g. 1,2,4")
     bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "
                        "times, interleaved, and keep each configuration's fastest run")
     bench.add_argument("--busy", type=_non_negative_int, default=0, help="run N CPU-bound "
@@ -237,11 +238,9 @@ def rpc_server_command(args: argparse.Namespace) -> int:
 
 
 def load_settings(args: argparse.Namespace) -> Config:
-    """The config file with the command line's options applied on top."""
-    options = vars(args)
-    config = load_config(options.get("config"))
-    names = set(Config.__dataclass_fields__)
-    return config.with_overrides(**{k: v for k, v in options.items() if k in names})
+    """The config file with the command line's preset and options over it."""
+    config = load_config(vars(args).get("config"))
+    return config.with_overrides(**command_line_settings(config, vars(args)))
 
 
 def bench(config: Config, args: argparse.Namespace) -> int:
@@ -315,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return web_command(app_command(model_argv(args)), args.port, args.open)
         from chatapp.tui.app import run_app
 
-        return run_app(config, vars(args).get("config"))
+        given = command_line_settings(config, vars(args))  # over the chat the app reopens
+        return run_app(config, vars(args).get("config"), given)
     except UserFacingError as error:
         print(f"specchat: {error}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@ signal; the parent only waits. If the child dies from SIGSEGV, SIGBUS, SIGILL, S
 was before the app started (the app could not) and prints one line: what happened, that the
 finished messages are saved (the history writes each one as it ends), and where the details
 are. Termination signals sent to the parent (SIGTERM, SIGHUP, SIGQUIT) are passed on to the child;
-the terminal's own signals reach both already.
+the terminal's own signals reach both already, so a SIGINT is passed on only where it cannot have
+come from the terminal (the parent is not in the terminal's foreground process group, or there is
+no terminal: ``kill -INT`` from a script).
 
 Where ``os.fork`` does not exist, or ``SPECCHAT_NO_SUPERVISOR=1`` is set, ``run`` runs in this
 process with ``faulthandler`` writing to the same log.
@@ -86,14 +88,19 @@ def _log_faults_to(path: Path) -> None:
 
 def _wait_forwarding_signals(pid: int, mask: set[signal.Signals]) -> int:
     """Wait for the child ``pid``, passing termination signals on; its wait status. Ctrl-C is
-    the child's to handle. ``mask``: the signal mask to restore once the handlers are in."""
+    the child's to handle (see the module docstring). ``mask``: the signal mask to restore once
+    the handlers are in."""
     def forward(signum: int, frame: Any) -> None:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def forward_unless_from_terminal(signum: int, frame: Any) -> None:
+        if not _in_terminal_foreground():
+            forward(signum, frame)
+
+    signal.signal(signal.SIGINT, forward_unless_from_terminal)
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -105,6 +112,16 @@ def _wait_forwarding_signals(pid: int, mask: set[signal.Signals]) -> int:
             return 0
         except InterruptedError:
             continue
+
+
+def _in_terminal_foreground() -> bool:
+    """Whether this process is in the foreground process group of its controlling terminal (a
+    Ctrl-C typed there reaches every process of that group)."""
+    try:
+        with open("/dev/tty", "rb", buffering=0) as tty:
+            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def _report(status: int, terminal: Any) -> int:

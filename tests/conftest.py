@@ -197,3 +197,15 @@ async def paste(pilot, text: str) -> None:
     app.post_message(events.Paste(text))
     await wait_for(pilot, lambda: app.chat_input.text != before, what="the paste")
     await pilot.pause()
+
+
+ADD_PY = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A project folder holding ``src/add.py`` (``ADD_PY``): files to attach."""
+    where = tmp_path / "project"
+    (where / "src").mkdir(parents=True)
+    (where / "src" / "add.py").write_text(ADD_PY)
+    return where

@@ -12,6 +12,7 @@ import pytest
 
 import chatapp.chat.attachments
 import chatapp.chat.loader
+from chatapp.bench import load_prompts, select_prompts
 from chatapp.chat.attachments import (
     Attachment,
     AttachmentError,
@@ -70,13 +71,14 @@ def test_a_missing_path_a_folder_and_a_binary_file_are_refused_clearly(folder, m
         read_attachment("greet.py")
 
 
-def test_the_models_see_each_file_fenced_with_its_path_and_language_then_the_text():
+def test_the_models_see_each_file_fenced_with_its_language_and_path_then_the_text():
     first = Attachment("a.py", "python", "x = 1")
     tricky = Attachment("doc.md", "markdown", "```python\ncode\n````\n")
     assert message_text("Add type hints", [first, tricky]) == (
-        "File `a.py`:\n```python\nx = 1\n```\n\n"
-        "File `doc.md`:\n`````markdown\n```python\ncode\n````\n`````\n\nAdd type hints")
-    assert message_text("", [first]) == "File `a.py`:\n```python\nx = 1\n```"
+        "```python a.py\nx = 1\n```\n\n"
+        "`````markdown doc.md\n```python\ncode\n````\n`````\n\nAdd type hints")
+    assert message_text("", [first]) == "```python a.py\nx = 1\n```"
+    assert message_text("", [Attachment("notes", "", "a\n")]) == "```text notes\na\n```"
     assert message_text("just text", []) == "just text"
 
 
@@ -85,11 +87,11 @@ def test_a_file_that_does_not_fit_says_what_it_needs_and_what_is_left():
         return len(text.split())
 
     small = Attachment("s.txt", "text", "one two")
-    check_fits("hi", [small], count, room=7)  # "File `s.txt`:", the fences, the text: 6 words
-    with pytest.raises(AttachmentError, match=r"The file s.txt needs 6 tokens and 4 are left "
+    check_fits("hi", [small], count, room=6)  # "```text s.txt", the text, "```", "hi": 6 words
+    with pytest.raises(AttachmentError, match=r"The file s.txt needs 5 tokens and 4 are left "
                                               r".*larger --n-ctx"):
         check_fits("hi there", [small], count, room=6)
-    with pytest.raises(AttachmentError, match="The files s.txt, s.txt need 12 tokens and 0 "):
+    with pytest.raises(AttachmentError, match="The files s.txt, s.txt need 10 tokens and 0 "):
         check_fits("a b c d e f g", [small, small], count, room=6)
     check_fits("a b c d e f g", [], count, room=6)  # no file: nothing to refuse here
 
@@ -121,7 +123,7 @@ def test_an_attachment_is_sent_saved_and_shown_again_in_a_reopened_chat(chat, fo
     attachment = read_attachment("greet.py")
     turn = chat.begin("Add type hints", [attachment])
     assert turn.messages[-1].content == message_text("Add type hints", [attachment])
-    assert f"```python\n{CODE}```" in turn.messages[-1].content and turn.user_text == (
+    assert f"```python greet.py\n{CODE}```" in turn.messages[-1].content and turn.user_text == (
         "Add type hints")
     chat.run(turn)
     chat_id = chat.chat_id
@@ -132,7 +134,7 @@ def test_an_attachment_is_sent_saved_and_shown_again_in_a_reopened_chat(chat, fo
     assert reopened.messages[0].content == turn.messages[-1].content
     assert [hit.chat_id for hit in chat.history.search("type hints")] == [chat_id]
     with SavedChats.at(chat.history.path) as saved:
-        assert f"```python\n{CODE}```\n\nAdd type hints" in saved.export(chat_id, "md")
+        assert f"```python greet.py\n{CODE}```\n\nAdd type hints" in saved.export(chat_id, "md")
         exported = saved.export(chat_id, "json")
         assert json.loads(exported)["messages"][0]["attachments"] == [attachment.to_json()]
         copy = saved.import_json(exported)
@@ -154,7 +156,7 @@ def fake_models(monkeypatch, tmp_path):
     """`specchat run` loads fake models (no config file); returns the turns it began and the
     models it loaded."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    factory = tui_fake_factory(max_tokens=20, n_ctx=256)
+    factory = tui_fake_factory(max_tokens=20, n_ctx=2048)
     loads: list[str] = []
 
     def build(config, progress, with_draft=True):
@@ -180,13 +182,31 @@ def test_specchat_run_attaches_every_file_given(folder, fake_models, capsys):
         "Add type hints", [read_attachment("greet.py"), read_attachment("two.txt")])
 
 
+CODE_EDITS = [p for p in load_prompts() if p.category == "code-edit"]
+
+
+@pytest.mark.parametrize("prompt", CODE_EDITS, ids=[p.id for p in CODE_EDITS])
+def test_the_bench_attaches_a_code_edits_code_as_specchat_run_file_does(folder, fake_models,
+                                                                       prompt):
+    """The code-edit-file variant of a bench prompt is the message `specchat run --file` sends
+    with that prompt's code in a file and its instruction as the prompt."""
+    begun, _ = fake_models
+    instruction, code = prompt.text.split("\n\n```python\n")
+    (folder / f"{prompt.id.replace('-', '_')}.py").write_text(code.removesuffix("```"))
+    [variant] = select_prompts(CODE_EDITS, prompt.id + "-file")
+    assert main(["run", "--file", f"{prompt.id.replace('-', '_')}.py",
+                 instruction.removesuffix(":") + "."]) == 0
+    [turn] = begun
+    assert variant.category == "code-edit-file" and variant.text == turn.messages[-1].content
+
+
 @pytest.mark.parametrize("name, reason", [("gone.py", "There is no file"),
                                           (".", "is a folder"), ("bin.dat", "not a text file"),
                                           ("big.txt", "needs")])
 def test_specchat_run_refuses_a_file_in_one_line(folder, fake_models, capsys, name, reason):
     begun, loads = fake_models
     (folder / "bin.dat").write_bytes(b"\0\1\2")
-    (folder / "big.txt").write_text("the spec " * 400)
+    (folder / "big.txt").write_text("the spec " * 4000)
     assert main(["run", "--file", name, "Summarise"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("specchat: ") and reason in err and err.count("\n") == 1

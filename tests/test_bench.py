@@ -108,6 +108,50 @@ def test_prompt_set_and_selection() -> None:
         select_prompts(prompts, "nothing-like-this")
 
 
+def test_the_code_edits_attached_as_files_are_selectable_by_name_only() -> None:
+    prompts = load_prompts(PROMPTS_PATH)
+    edits = [p.id for p in prompts if p.category == "code-edit"]
+    files = select_prompts(prompts, "code-edit-file")
+    assert [p.id for p in files] == [id + "-file" for id in edits]
+    assert {p.category for p in files} == {"code-edit-file"}
+    assert all(p.text.startswith(f"```python {p.id[:-5].replace('-', '_')}.py\n") for p in files)
+    assert select_prompts(prompts, None) == prompts and len(select_prompts(prompts, "50")) == 19
+    both = select_prompts(prompts, "code-edit,code-edit-file")  # each right after its prompt
+    assert [p.id for p in both] == [id + end for id in edits for end in ("", "-file")]
+    assert [p.id for p in select_prompts(prompts, "edit-rename-file")] == ["edit-rename-file"]
+
+
+def test_specchat_bench_runs_the_file_variants_named(monkeypatch) -> None:
+    import chatapp.bench
+    from chatapp.cli import main
+
+    chosen = []
+    monkeypatch.setattr(chatapp.bench, "bench_command",
+                        lambda config, json_path, prompts, **kwargs: chosen.append(prompts) or 0)
+    assert main(["bench", "--prompts", "code-edit-file"]) == 0
+    [prompts] = chosen
+    assert len(prompts) == 10 and {p.category for p in prompts} == {"code-edit-file"}
+
+
+def test_the_report_shows_the_file_variants_as_a_category(tmp_path: Path) -> None:
+    pasted = BenchPrompt("edit-the-spec", "code-edit",
+                         "Rename token to word:\n\n```python\nthe spec token\n```")
+    prompts = select_prompts([pasted], "code-edit,code-edit-file")
+    out = io.StringIO()
+    bench_command(Config(seed=0), None, backends=BenchBackends(FakeBackend(), FakeBackend()),
+                  prompts=prompts, specs=[RunSpec("ngram")], max_tokens=20, out=out,
+                  log=io.StringIO())
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if line.startswith("x target, by category"))
+    assert header.split()[-2:] == ["code-edit", "code-edit-file"]
+    row = next(line for line in lines if line.startswith("ngram auto ") and "%" not in line)
+    assert len(row) == len(header) and len(row.split()) == 4  # a ratio under each category
+    by_prompt = lines.index(next(line for line in lines if line.startswith("x target, by p")))
+    assert [line.split()[0] for line in lines[by_prompt + 1:by_prompt + 3]] == [
+        "edit-the-spec", "edit-the-spec-file"]
+    assert len({len(line) for line in lines[by_prompt:by_prompt + 3]}) == 1  # aligned
+
+
 def test_geometric_mean() -> None:
     assert geometric_mean([1.0, 4.0]) == pytest.approx(2.0)
     assert math.isclose(geometric_mean([]), 0.0)

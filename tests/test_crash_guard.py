@@ -61,6 +61,24 @@ def test_a_sigterm_to_the_parent_reaches_the_child(tmp_path: Path) -> None:
     assert process.returncode == 7 and marker.exists() and err == ""
 
 
+def test_a_sigint_sent_to_the_parent_alone_reaches_the_child(tmp_path: Path) -> None:
+    """``kill -INT`` from a script (no terminal: a session of its own) stops the child as a
+    Ctrl-C would; a Ctrl-C typed at a terminal reaches both already and is not passed on."""
+    marker = tmp_path / "child-interrupted"
+    body = (f"import time\n"
+            f"try:\n"
+            f"    print('ready', flush=True)\n"
+            f"    time.sleep(60)\n"
+            f"except KeyboardInterrupt:\n"
+            f"    open({str(marker)!r}, 'w').close()\n"
+            f"    return 5")
+    process = supervised(body, tmp_path / "crash.log", start_new_session=True)
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 5 and marker.exists() and err == ""
+
+
 def test_sigkill_says_it_is_often_memory() -> None:
     line = crash_line(signal.SIGKILL, Path("x"))
     assert line is not None and "memory" in line

@@ -7,7 +7,6 @@ Each server is a subprocess (tests/serve_launcher.py) on a free port of 127.0.0.
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import signal
 import socket
@@ -269,12 +268,8 @@ def test_a_client_that_disconnects_frees_the_engine_at_once(tmp_path) -> None:
             reply = ask(server, "next", max_tokens=3)
             assert reply.usage.completion_tokens == 3
             assert time.monotonic() - started < 2.0
-        # The reply reaches the client a moment before the models' thread finishes its turn
-        # and the engine is marked free: within the issue's "a second or two".
-        deadline = time.monotonic() + 2.0
-        while "specchat_generating 0.0" not in raw(server, "GET", "/metrics")[2].decode():
-            assert time.monotonic() < deadline, "the engine stayed busy after the reply"
-            time.sleep(0.05)
+        # a reply reaches its client only once the models' thread has ended its turn
+        assert "specchat_generating 0.0" in raw(server, "GET", "/metrics")[2].decode()
     finally:
         assert server.stop() == 0
 
@@ -350,19 +345,3 @@ def test_sigterm_mid_reply_ends_the_reply_answers_the_waiting_and_exits(tmp_path
     assert time.monotonic() - started < 10
     assert outcome["error"].status_code == 503
     assert b"[DONE]" not in seen and b"stopping" in server.stderr
-
-
-def test_the_prediction_measurement_sends_each_edit_both_ways(server) -> None:
-    """python -m chatapp.bench.serve_prediction on the fake server (both roles): the original
-    code as the prediction, the same reply both ways, a table row per prompt."""
-    from chatapp.bench.serve_prediction import measure, original_code
-    from chatapp.bench.specs import load_prompts, select_prompts
-
-    assert original_code("Fix:\n\n```python\nx = 1\n```\nthanks") == "x = 1\n"
-    assert original_code("Fix this:\n\nx = 1") == "x = 1"
-    out = io.StringIO()
-    prompts = select_prompts(load_prompts(), "edit-rename,edit-fstring")
-    ratios = measure(server.base_url, server.base_url, prompts, 24, out)
-    rows = [line for line in out.getvalue().splitlines() if line.startswith("| edit-")]
-    assert len(ratios) == len(rows) == 2 and all(ratio > 0 for ratio in ratios)
-    assert all(row.endswith("| yes |") for row in rows), out.getvalue()

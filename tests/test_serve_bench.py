@@ -50,6 +50,31 @@ def test_the_overhead_measurement_pairs_run_with_a_fresh_server(fake_commands) -
     assert "Geometric means over 4 pairs" in out.getvalue()
 
 
+def test_the_prediction_measurement_sends_each_edit_three_ways(fake_commands) -> None:
+    """python -m chatapp.bench.serve_prediction on fake servers, fresh ones every round: the
+    original code as the prediction, the same reply with and without it, a target-only server
+    started with -k 0, a row per prompt with the medians over the rounds."""
+    from chatapp.bench import serve_prediction
+
+    assert serve_prediction.original_code("Fix:\n\n```python\nx = 1\n```\nthanks") == "x = 1\n"
+    assert serve_prediction.original_code("Fix this:\n\nx = 1") == "x = 1"
+    out = io.StringIO()
+    prompts = select_prompts(load_prompts(), "edit-rename,edit-fstring")
+    results = serve_prediction.measure(prompts, 24, 2, ["--max-tokens", "24"], out,
+                                       fake_commands.serve)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("| edit-")]
+    assert len(results) == len(rows) == 2
+    for result in results:
+        assert len(result.without) == len(result.with_prediction) == len(result.target_only) == 2
+        assert result.same_replies and result.ratio > 0 and result.speedup(result.without) > 0
+        assert all(reply.tokens_per_target_call == 1.0 for reply in result.target_only)
+        assert all(reply.accepted_prediction + reply.rejected_prediction > 0
+                   for reply in result.with_prediction)
+    assert all(row.endswith("| yes |") for row in rows), out.getvalue()
+    assert "median of 2 rounds" in out.getvalue()
+    assert "Speed-up over target-only with the prediction" in out.getvalue()
+
+
 def test_the_overhead_summary_states_the_targets() -> None:
     """0.97x of run's decode speed and 50 ms of its time to first token, from the pairs."""
     def pair(serve_tps: float, client_ttft: float) -> serve_overhead.Pair:

@@ -13,10 +13,10 @@ from chatapp.chat.mentions import complete_path, split_mentions, typed_fragment
 from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import help_sections
 from chatapp.tui.widgets import MessageView, Note
+from tests.conftest import ADD_PY as CODE
 from tests.conftest import keys, ready, reply_done, send, tui_fake_factory, wait_for
 
 SIZE = (120, 40)
-CODE = "def add(a, b):\n    return a + b\n"
 
 
 def views(app, role: str | None = None) -> list[MessageView]:
@@ -29,14 +29,6 @@ def chips(view: MessageView) -> list[str]:
 
 def error_notes(app) -> list[str]:
     return [note.render().plain for note in app.query(Note) if note.has_class("-error")]
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    where = tmp_path / "project"
-    (where / "src").mkdir(parents=True)
-    (where / "src" / "add.py").write_text(CODE)
-    return where
 
 
 def test_split_mentions_takes_the_words_out() -> None:
@@ -77,7 +69,8 @@ async def test_an_at_path_attaches_the_file_and_a_reopened_chat_shows_its_chip(
         entry = app.chat.entries[0]
         assert [(a.path, a.language, a.text) for a in entry.attachments] == [
             ("src/add.py", "python", CODE)]
-        assert "```python\n" + CODE + "```" in app.chat.messages[0].content  # what models see
+        sent = app.chat.messages[0].content  # what the models see
+        assert "```python src/add.py\n" + CODE + "```" in sent
         assert app.chat_input.text == ""
     reopened = tui_make_app(folder=folder)
     async with reopened.run_test(size=SIZE) as pilot:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from chatapp.chat import mentions
+from chatapp.chat.attachments import read_attachment
 from chatapp.settings.config import Config
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.status_line import ContextMeter
@@ -95,3 +97,26 @@ async def test_refuse_keeps_the_text_and_says_how_many_tokens_are_over(tui_make_
         notes = [n.render().plain for n in app.query(Note) if n.has_class("-error")]
         assert any(f"{use.over:,} more than the {use.room:,}" in n for n in notes)
         assert not app.query(".view-start")
+
+
+async def test_the_meter_counts_a_typed_at_path_as_the_file_it_attaches(tui_make_app, tmp_path,
+                                                                        monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "add.py").write_text("def add(a, b):\n    return a + b\n" * 5)
+    (folder / "big.py").write_text("the " * 100)
+    monkeypatch.setattr(mentions, "METER_BYTES", 300)  # big.py is over it: counted as typed
+    app = tui_make_app(tui_fake_factory(n_ctx=400, max_tokens=40), folder=folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        typed = "explain @add.py please"
+        app.chat_input.text = typed
+        as_sent = app.chat.context_use("explain please", [read_attachment("add.py", folder)])
+        as_text = app.chat.context_use(typed)
+        assert as_sent.used > as_text.used + 20  # the file's lines, not one word
+        await wait_for(pilot, lambda: meter_text(app) == f"ctx {as_sent.used}/400",
+                       what="the file counted")
+        app.chat_input.text = "explain @missing.py and @big.py"  # no file, or over the bound
+        expected = app.chat.context_use("explain @missing.py and @big.py").used
+        await wait_for(pilot, lambda: meter_text(app) == f"ctx {expected}/400",
+                       what="the words counted as typed")

@@ -26,11 +26,12 @@ as a reference row.
 configuration's fastest run: on a shared machine the slow runs are the disturbed ones.
 The command-line flags that choose prompts and configurations are in ``chatapp.cli``.
 
-The package: ``specs`` (prompts and configurations), ``runner`` (the interleaved runs through the
-engine), ``report`` (rows, summaries and the table), ``hf_reference`` (transformers' assisted
-generation), ``command`` (``bench_command``, what ``specchat bench`` calls), ``conversation``
-(the multi-turn editing conversation, ``--conversation``), ``llama_cpp_compare`` (llama.cpp's own
-tools beside specchat, ``--against-llama-cpp``).
+The package: ``specs`` (prompts and configurations), ``file_prompts`` (the code edits with their
+code attached as a file, the category "code-edit-file"), ``runner`` (the interleaved runs through
+the engine), ``report`` (rows, summaries and the table), ``hf_reference`` (transformers' assisted
+generation), ``command`` (``bench_command``, what ``specchat bench`` calls), ``conversation`` (the
+multi-turn editing conversation, ``--conversation``), ``llama_cpp_compare`` (llama.cpp's own tools
+beside specchat, ``--against-llama-cpp``).
 """
 
 from chatapp.bench.command import bench_command, bench_max_tokens

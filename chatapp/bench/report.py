@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -197,51 +197,34 @@ def _print_baseline_ratios(out: TextIO, summaries: Sequence[Summary],
     print("", file=out)
     print(f"{'x baseline':<18} {'all':>10} " + " ".join(f"{c:>10}" for c in categories), file=out)
     for s in summaries:
-        cells = " ".join(f"{s.baseline_category_ratio.get(c, 0.0):>10.2f}" for c in categories)
+        cells = _by_category(s.baseline_category_ratio, categories)
         print(f"{s.config:<18} {s.baseline_ratio or 0.0:>10.2f} {cells}", file=out)
+
+
+def _by_category(ratios: Mapping[str, float], categories: Sequence[str]) -> str:
+    """One row's ratios by category, each right-aligned under its category's name."""
+    return " ".join(f"{ratios.get(c, 0.0):>{max(10, len(c))}.2f}" for c in categories)
 
 
 def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Sequence[Row],
                  peak_rss_mib: float) -> None:
     """The table: ``title``, the summaries, the ratios by category and by prompt, a legend and
-    the peak memory."""
+    the peak memory; every column as wide as its longest name."""
     print(title, file=out)
     if not summaries:
         print("No complete run.", file=out)
         return
-    reference_tokens = sum(row.tokens for row in rows if row.config == TARGET) / max(
-        1, sum(1 for row in rows if row.config == TARGET))
-    header = (f"{'configuration':<18} {'tok/s':>6} {'x target':>8} {'min x (prompt)':>24} "
-              f"{'accept':>6} {'tok/call':>8} {'draft':>6} {'verify':>6} {'prompt':>6} "
-              f"{'other':>6} {'engine':>6} {'same as target':>16}")
-    print(header, file=out)
-    print("-" * len(header), file=out)
-    for s in summaries:
-        total = s.total_s or 1.0
-        accept = f"{s.acceptance_rate:.0%}" if s.acceptance_rate or s.config != TARGET else "-"
-        worst = f"{s.ratio_min:.2f} ({s.ratio_min_prompt})"
-        same = f"{s.same_as_target:.0f} of {reference_tokens:.0f}, {s.identical}/{s.prompts} all"
-        engine = f"{s.engine_share:.1%}" if s.engine_share else "-"
-        print(f"{s.config:<18} {s.tokens_per_s:6.1f} {s.ratio_geomean:8.2f} {worst:>24} "
-              f"{accept:>6} {s.mean_accepted_length:8.2f} {s.draft_s / total:6.0%} "
-              f"{s.verify_s / total:6.0%} {s.prompt_s / total:6.0%} {s.other_s / total:6.0%} "
-              f"{engine:>6} {same:>16}", file=out)
+    _print_summaries(out, summaries, rows)
     categories = list(dict.fromkeys(row.category for row in rows))
     print("", file=out)
-    print(f"{'x target, by category':<18} " + " ".join(f"{c:>10}" for c in categories), file=out)
+    title = "x target, by category"
+    width = max(len(title), *(len(s.config) for s in summaries))
+    print(f"{title:<{width}} " + " ".join(f"{c:>10}" for c in categories), file=out)
     for s in summaries:
-        print(f"{s.config:<18} " + " ".join(f"{s.category_ratio.get(c, 0.0):>10.2f}"
-                                             for c in categories), file=out)
+        print(f"{s.config:<{width}} {_by_category(s.category_ratio, categories)}", file=out)
     _print_baseline_ratios(out, summaries, categories)
     print("", file=out)
-    prompts = list(dict.fromkeys(row.prompt for row in rows))
-    names = [s.config for s in summaries]
-    print(f"{'x target, by prompt':<18} " + " ".join(names), file=out)
-    by_key = {(row.prompt, row.config): row for row in rows}
-    for prompt in prompts:
-        cells = " ".join(f"{by_key[(prompt, n)].ratio:>{len(n)}.2f}" if (prompt, n) in by_key
-                         else " " * len(n) for n in names)
-        print(f"{prompt:<18} {cells}", file=out)
+    _print_by_prompt(out, summaries, rows)
     print("", file=out)
     print("Speed: tokens / (turn time - prompt time); time split as shares of the whole turn; "
           "engine: the engine's own work (everything outside the models' evaluate/truncate "
@@ -250,3 +233,38 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
           "(mean over prompts; n/m all: outputs identical to it).", file=out)
     print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
 
+
+def _print_summaries(out: TextIO, summaries: Sequence[Summary], rows: Sequence[Row]) -> None:
+    """One line per configuration: its speed, ratios, acceptance and where the time went."""
+    reference_tokens = sum(row.tokens for row in rows if row.config == TARGET) / max(
+        1, sum(1 for row in rows if row.config == TARGET))
+    worsts = [f"{s.ratio_min:.2f} ({s.ratio_min_prompt})" for s in summaries]
+    wide = max(24, *(len(worst) for worst in worsts))
+    header = (f"{'configuration':<18} {'tok/s':>6} {'x target':>8} {'min x (prompt)':>{wide}} "
+              f"{'accept':>6} {'tok/call':>8} {'draft':>6} {'verify':>6} {'prompt':>6} "
+              f"{'other':>6} {'engine':>6} {'same as target':>16}")
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for s, worst in zip(summaries, worsts):
+        total = s.total_s or 1.0
+        accept = f"{s.acceptance_rate:.0%}" if s.acceptance_rate or s.config != TARGET else "-"
+        same = f"{s.same_as_target:.0f} of {reference_tokens:.0f}, {s.identical}/{s.prompts} all"
+        engine = f"{s.engine_share:.1%}" if s.engine_share else "-"
+        print(f"{s.config:<18} {s.tokens_per_s:6.1f} {s.ratio_geomean:8.2f} {worst:>{wide}} "
+              f"{accept:>6} {s.mean_accepted_length:8.2f} {s.draft_s / total:6.0%} "
+              f"{s.verify_s / total:6.0%} {s.prompt_s / total:6.0%} {s.other_s / total:6.0%} "
+              f"{engine:>6} {same:>16}", file=out)
+
+
+def _print_by_prompt(out: TextIO, summaries: Sequence[Summary], rows: Sequence[Row]) -> None:
+    """Each prompt's ratio to its target-only run, one column per configuration."""
+    prompts = list(dict.fromkeys(row.prompt for row in rows))
+    names = [s.config for s in summaries]
+    title = "x target, by prompt"
+    width = max(len(title), *(len(prompt) for prompt in prompts))
+    print(f"{title:<{width}} " + " ".join(names), file=out)
+    by_key = {(row.prompt, row.config): row for row in rows}
+    for prompt in prompts:
+        cells = " ".join(f"{by_key[(prompt, n)].ratio:>{len(n)}.2f}" if (prompt, n) in by_key
+                         else " " * len(n) for n in names)
+        print(f"{prompt:<{width}} {cells}", file=out)

@@ -1,34 +1,42 @@
-"""Predicted outputs through the API: the code-edit prompts of `specchat bench` sent to two
-`specchat serve` servers started with the same settings, one request without ``prediction``,
-then the same with the prompt's original code as ``prediction`` (as editors send it):
+"""Predicted outputs through the API: the code-edit prompts of `specchat bench`, each sent to one
+`specchat serve` without ``prediction``, to a second with the prompt's original code as
+``prediction`` (as editors send it) and to a third started with ``-k 0`` (target-only), for the
+ratio with / without and the speed-ups over target-only:
 
-    python -m chatapp.bench.serve_prediction PLAIN_URL PREDICTED_URL [--prompts code-edit]
-        [--max-tokens 128] [--api-key KEY]
+    python -m chatapp.bench.serve_prediction [--rounds 3] [--prompts code-edit]
+        [--max-tokens 128] [--server-args "MODEL OPTIONS"]
 
-Two servers, because each keeps an in-memory suffix index over what it served: with one server
-the second request of a prompt would draft from the first one's reply. The requests are greedy
-(temperature 0, seed 0), one at a time, alternating between the servers. Per prompt it prints the
-tokens, the decode speed of each (the server's ``specchat.decode_tokens_per_s``: prompt
-processing excluded), their ratio, the prediction tokens accepted and rejected, and the tokens
-per target call; then the geometric mean of the ratios, and whether the replies were equal (they
-must be: a prediction can make a reply faster, never different).
-
-It talks HTTP only (the standard library's client), like any other client of the server.
+Separate servers, because each keeps an in-memory suffix index over what it served: with one
+server the second request of a prompt would draft from the first one's reply. The tool starts
+the three servers itself for every round (``python -m chatapp.cli serve --temperature 0 --seed 0``
+plus ``--server-args``; loading is not timed), sends every prompt once to each, one request at a
+time, and stops them; so no round drafts from another's replies. The requests are greedy
+(temperature 0, seed 0). Per prompt it prints the tokens, the decode speed of each server (the
+server's ``specchat.decode_tokens_per_s``: prompt processing excluded; the median over the
+rounds), the ratio with / without, the speed-ups over target-only, the prediction tokens accepted
+and rejected, and the tokens per target call; then the geometric means, and whether the replies
+were equal (with and without the prediction they must be: a prediction can make a reply faster,
+never different; target-only replies may part at a greedy near-tie, batched against one-token
+arithmetic).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import median
 from typing import TextIO
 
 from chatapp.bench.api_client import guarded, post_completion, request_body
 from chatapp.bench.report import geometric_mean
+from chatapp.bench.serve_process import ServeProcess
 from chatapp.bench.specs import BenchPrompt, load_prompts, select_prompts
 
+SERVE = [sys.executable, "-m", "chatapp.cli", "serve", "--temperature", "0", "--seed", "0"]
 _CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 
 
@@ -54,13 +62,12 @@ class Reply:
     rejected_prediction: int
 
 
-def complete(base_url: str, prompt: str, max_tokens: int, prediction: str | None,
-             api_key: str | None = None) -> Reply:
+def complete(base_url: str, prompt: str, max_tokens: int, prediction: str | None) -> Reply:
     """One greedy chat completion of ``prompt`` at ``base_url`` (".../v1")."""
     extra = {"prediction": {"type": "content", "content": prediction}} if (
         prediction is not None) else {}
     body = request_body([{"role": "user", "content": prompt}], max_tokens, **extra)
-    answer = post_completion(base_url, body, api_key)
+    answer = post_completion(base_url, body)
     usage, figures = answer["usage"], answer["specchat"]
     details = usage["completion_tokens_details"]
     return Reply(answer["choices"][0]["message"]["content"], usage["completion_tokens"],
@@ -68,46 +75,120 @@ def complete(base_url: str, prompt: str, max_tokens: int, prediction: str | None
                  details["accepted_prediction_tokens"], details["rejected_prediction_tokens"])
 
 
-def measure(plain_url: str, predicted_url: str, prompts: Sequence[BenchPrompt],
-            max_tokens: int, out: TextIO, api_key: str | None = None) -> list[float]:
-    """Run every prompt both ways and print a Markdown table; the speed ratios (with / without
-    the prediction), in prompt order."""
-    print("| prompt | tokens | tok/s without | tok/s with | ratio | accepted / rejected "
-          "prediction tokens | tokens per target call without / with | same reply |", file=out)
-    print("|---|---|---|---|---|---|---|---|", file=out)
-    ratios = []
-    for prompt in prompts:
-        plain = complete(plain_url, prompt.text, max_tokens, None, api_key)
-        predicted = complete(predicted_url, prompt.text, max_tokens, original_code(prompt.text),
-                             api_key)
-        ratio = predicted.decode_tokens_per_s / plain.decode_tokens_per_s if (
-            plain.decode_tokens_per_s) else 0.0
-        ratios.append(ratio)
-        print(f"| {prompt.id} | {plain.tokens} | {plain.decode_tokens_per_s:.2f} | "
-              f"{predicted.decode_tokens_per_s:.2f} | {ratio:.2f}x | "
+@dataclass(frozen=True)
+class PromptResult:
+    """One prompt's replies, a reply per round: without and with the prediction, target-only."""
+
+    without: list[Reply]
+    with_prediction: list[Reply]
+    target_only: list[Reply]
+
+    @staticmethod
+    def speed(replies: Sequence[Reply]) -> float:
+        return median(reply.decode_tokens_per_s for reply in replies) if replies else 0.0
+
+    @property
+    def ratio(self) -> float:
+        """With the prediction against without it."""
+        return _ratio(self.speed(self.with_prediction), self.speed(self.without))
+
+    def speedup(self, replies: Sequence[Reply]) -> float:
+        """The median speed of ``replies`` against target-only's (0 without target-only)."""
+        return _ratio(self.speed(replies), self.speed(self.target_only))
+
+    @property
+    def same_replies(self) -> bool:
+        """Whether the replies with and without the prediction were all equal."""
+        return len({reply.text for reply in self.without + self.with_prediction}) == 1
+
+    @property
+    def target_only_agrees(self) -> bool:
+        return all(reply.text == self.without[0].text for reply in self.target_only)
+
+
+def _ratio(speed: float, reference: float) -> float:
+    return speed / reference if reference else 0.0
+
+
+def measure_round(urls: tuple[str, str, str], prompts: Sequence[BenchPrompt],
+                  results: Sequence[PromptResult], max_tokens: int) -> None:
+    """Each prompt once to each server, ``urls`` = (without, with the prediction, target-only);
+    the replies go to ``results`` (one per prompt)."""
+    plain_url, predicted_url, target_url = urls
+    for prompt, result in zip(prompts, results, strict=True):
+        result.without.append(complete(plain_url, prompt.text, max_tokens, None))
+        result.with_prediction.append(complete(predicted_url, prompt.text, max_tokens,
+                                               original_code(prompt.text)))
+        result.target_only.append(complete(target_url, prompt.text, max_tokens, None))
+
+
+def measure(prompts: Sequence[BenchPrompt], max_tokens: int, rounds: int,
+            server_args: Sequence[str], out: TextIO,
+            serve: Sequence[str] = tuple(SERVE)) -> list[PromptResult]:
+    """``rounds`` rounds over fresh servers (``serve`` + ``server_args``: the command, without
+    the port), then the table on ``out``; the results in prompt order."""
+    results = [PromptResult([], [], []) for _ in prompts]
+    for _ in range(rounds):
+        with ServeProcess([*serve, *server_args]) as plain, \
+                ServeProcess([*serve, *server_args]) as predicted, \
+                ServeProcess([*serve, *server_args, "-k", "0"]) as target:
+            measure_round((plain.base_url, predicted.base_url, target.base_url), prompts,
+                          results, max_tokens)
+    print_table(prompts, results, max_tokens, out)
+    return results
+
+
+def print_table(prompts: Sequence[BenchPrompt], results: Sequence[PromptResult],
+                max_tokens: int, out: TextIO) -> None:
+    """The Markdown table of ``results`` and its summary lines."""
+    print("| prompt | tokens | tok/s target-only | tok/s without | tok/s with | with / without "
+          "| speed-up without / with | accepted / rejected prediction tokens "
+          "| tokens per target call without / with | same reply with / without |", file=out)
+    print("|---|---|---|---|---|---|---|---|---|---|", file=out)
+    for prompt, result in zip(prompts, results, strict=True):
+        plain, predicted = result.without[-1], result.with_prediction[-1]
+        print(f"| {prompt.id} | {plain.tokens} | {result.speed(result.target_only):.2f} | "
+              f"{result.speed(result.without):.2f} | "
+              f"{result.speed(result.with_prediction):.2f} | {result.ratio:.2f}x | "
+              f"{result.speedup(result.without):.2f}x / "
+              f"{result.speedup(result.with_prediction):.2f}x | "
               f"{predicted.accepted_prediction} / {predicted.rejected_prediction} | "
               f"{plain.tokens_per_target_call:.2f} / {predicted.tokens_per_target_call:.2f} | "
-              f"{'yes' if plain.text == predicted.text else 'NO'} |", file=out, flush=True)
-    print(f"\nGeometric mean of the ratios: {geometric_mean(ratios):.2f}x "
-          f"({len(ratios)} prompts, up to {max_tokens} tokens each)", file=out)
-    return ratios
+              f"{'yes' if result.same_replies else 'NO'} |", file=out)
+    rounds = len(results[0].without) if results else 0
+    print(f"\nGeometric mean of the ratios with / without: "
+          f"{geometric_mean([result.ratio for result in results]):.2f}x "
+          f"({len(results)} prompts, up to {max_tokens} tokens each, median of {rounds} rounds)",
+          file=out)
+    for name, pick in (("without", lambda r: r.without), ("with", lambda r: r.with_prediction)):
+        speedup = geometric_mean([r.speedup(pick(r)) for r in results])
+        print(f"Speed-up over target-only {name} the prediction: {speedup:.2f}x "
+              "(geometric mean)", file=out)
+    differing = [p.id for p, r in zip(prompts, results, strict=True) if not r.target_only_agrees]
+    if differing:
+        print(f"Target-only replies part from the speculative ones at a near-tie: "
+              f"{', '.join(differing)}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chatapp.bench.serve_prediction",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("plain_url", help="the server for the requests without prediction")
-    parser.add_argument("predicted_url", help="the server for the requests with it")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds over fresh servers (the median speed is shown)")
     parser.add_argument("--prompts", default="code-edit",
                         help="bench prompt ids or categories, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--api-key", help="the servers' key, if they have one")
+    parser.add_argument("--server-args", default="", help="model options for the servers, "
+                        "quoted as one argument (e.g. \"--target qwen2.5-coder-1.5b\")")
     args = parser.parse_args(argv)
 
     def measure_all() -> None:
+        if min(args.rounds, args.max_tokens) < 1:
+            raise ValueError("--rounds and --max-tokens must be at least 1")
         prompts = select_prompts(load_prompts(), args.prompts)
-        measure(args.plain_url, args.predicted_url, prompts, args.max_tokens, sys.stdout,
-                args.api_key)
+        measure(prompts, args.max_tokens, args.rounds,
+                [*shlex.split(args.server_args), "--max-tokens", str(args.max_tokens)],
+                sys.stdout)
 
     return guarded("serve_prediction", measure_all)
 

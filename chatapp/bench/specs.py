@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatapp.backends.threads import ThreadChoice, make_thread_choice
+from chatapp.bench.file_prompts import with_file_variants
 from chatapp.settings.options import DRAFTERS
 
 PROMPTS_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_prompts.json"
@@ -88,14 +89,17 @@ def load_prompts(path: Path = PROMPTS_PATH) -> list[BenchPrompt]:
 
 
 def select_prompts(prompts: list[BenchPrompt], selection: str | None) -> list[BenchPrompt]:
-    """All prompts; the first N for a number; else those whose id or category is listed."""
+    """All ``prompts``; the first N for a number; else those whose id or category is listed,
+    among ``prompts`` and their file variants (``chatapp.bench.file_prompts``), each variant
+    right after its prompt."""
     if not selection:
         return prompts
     if selection.strip().isdigit():
         return prompts[:max(1, int(selection))]
     wanted = {s.strip() for s in selection.split(",")}
-    chosen = [p for p in prompts if p.id in wanted or p.category in wanted]
+    offered = with_file_variants(prompts)
+    chosen = [p for p in offered if p.id in wanted or p.category in wanted]
     if not chosen:
-        ids = ", ".join(sorted({p.id for p in prompts} | {p.category for p in prompts}))
+        ids = ", ".join(sorted({p.id for p in offered} | {p.category for p in offered}))
         raise ValueError(f"no bench prompt id or category matches {selection!r}; known: {ids}")
     return chosen

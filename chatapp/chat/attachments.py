@@ -7,10 +7,10 @@ file that is not UTF-8 text (NUL bytes, or bytes that do not decode) and one too
 for any context. ``check_fits`` refuses attachments that would not fit the context window, with
 how many tokens they need and how many are left.
 
-The models see a message with attachments as ``message_text``: each file in a fenced block with
-its path and language, then the typed text. The history keeps the typed text and the attachments
-(path, language, text as sent) apart, so a reopened chat shows both and the models see the same
-message again.
+The models see a message with attachments as ``message_text``: each file in a fenced block tagged
+with its language and path, then the typed text. The history keeps the typed text and the
+attachments (path, language, text as sent) apart, so a reopened chat shows both and the models
+see the same message again.
 """
 
 from __future__ import annotations
@@ -66,12 +66,14 @@ class Attachment:
         return cls(data["path"], data["language"], data["text"])
 
     def fenced(self) -> str:
-        """The file as the models see it: its path, then its text in a fenced block tagged with
-        its language (the fence longer than any run of backticks in the text)."""
+        """The file as the models see it: its text in a fenced block whose info string is its
+        language ("text" when unknown) and its path (the fence longer than any run of backticks
+        in the text), the way code is pasted: no line of prose before it, which made the models
+        preface their reply (docs/benchmarks.md, "Attached or pasted")."""
         longest = max((len(run) for run in re.findall(r"`+", self.text)), default=0)
         fence = "`" * max(3, longest + 1)
         body = self.text if self.text.endswith("\n") or not self.text else self.text + "\n"
-        return f"File `{self.path}`:\n{fence}{self.language}\n{body}{fence}"
+        return f"{fence}{self.language or 'text'} {self.path}\n{body}{fence}"
 
 
 def language_of(path: str) -> str:
@@ -82,13 +84,19 @@ def language_of(path: str) -> str:
     return LANGUAGES.get(name.rpartition(".")[2], "") if "." in name else ""
 
 
+def attachment_path(path: str, folder: Path | None = None) -> Path:
+    """Where the file ``path`` is: ``~`` expanded, relative to ``folder`` (None: the current
+    one) unless absolute."""
+    where = Path(path).expanduser()
+    return where if where.is_absolute() else (folder or Path.cwd()) / where
+
+
 def read_attachment(path: str, folder: Path | None = None) -> Attachment:
     """The file at ``path`` (``~`` expanded; relative to ``folder``, by default the current
     one) as an attachment; ``AttachmentError`` when it cannot be one."""
     if not path.strip():
         raise AttachmentError("Give the path of a file to attach.")
-    where = Path(path).expanduser()
-    where = where if where.is_absolute() else (folder or Path.cwd()) / where
+    where = attachment_path(path, folder)
     if where.is_dir():
         raise AttachmentError(f"{path} is a folder: attach the files in it one by one.")
     if not where.exists():

@@ -5,7 +5,7 @@ what is wrong.
 The file (``FORMAT``, ``VERSION``)::
 
     {"format": "specchat-chat", "version": 1, "title": ..., "draft": ..., "target": ...,
-     "created_at": <Unix seconds>, "messages": [
+     "created_at": <Unix seconds>, "settings": ChatSettings.to_json() | null, "messages": [
         {"role": "user" | "assistant" | "system", "content": ..., "created_at": ...,
          "runs": [[text, source], ...] | null, "finish_reason": ... | null,
          "stats": TurnStats.to_json() | null, "meta": {...},
@@ -14,6 +14,8 @@ The file (``FORMAT``, ``VERSION``)::
 ``runs`` is the reply's token provenance (sources as ``TokenSource`` values), ``stats`` the turn's
 statistics and ``meta`` the settings the reply was made with (K, sampling, models), as the history
 holds them; ``attachments`` the files sent with a user message (may be left out when none).
+``settings`` are those the chat goes on with (its preset's name, sampling, K...); a file written
+before chats kept them has none, and its chat is answered with the settings in force.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict
 from typing import Any
 
 from chatapp.chat.attachments import Attachment
+from chatapp.chat.chat_settings import ChatSettings
 from chatapp.chat.history import ChatSummary, StoredMessage
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import ReplayStats, TurnStats
@@ -45,6 +48,7 @@ def chat_to_json(chat: ChatSummary, messages: Sequence[StoredMessage]) -> dict[s
     return {
         "format": FORMAT, "version": VERSION, "title": chat.title, "draft": chat.draft,
         "target": chat.target, "created_at": chat.created_at,
+        "settings": chat.settings.to_json() if chat.settings is not None else None,
         "messages": [_message_json(message) for message in messages],
     }
 
@@ -81,7 +85,7 @@ def chat_from_json(text: str) -> tuple[ChatSummary, list[StoredMessage]]:
                                else ""))
     chat = ChatSummary(0, _field(data, "title", str), _field(data, "draft", str),
                        _field(data, "target", str), _number(data, "created_at"),
-                       _number(data, "created_at"), 0)
+                       _number(data, "created_at"), 0, _settings(data.get("settings")))
     messages = _field(data, "messages", list)
     return chat, [_message(item, number) for number, item in enumerate(messages, 1)]
 
@@ -120,6 +124,13 @@ def _meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
         raise ChatFileError(f'{where} has a "meta" whose "k", "target_rpc" or "replay" is not '
                             "what specchat writes there") from None
     return meta
+
+
+def _settings(data: Any) -> ChatSettings | None:
+    try:
+        return ChatSettings.from_json(data) if data is not None else None
+    except ValueError as error:
+        raise ChatFileError(f"the chat has settings specchat cannot use: {error}") from None
 
 
 def _attachments(data: Any, where: str) -> tuple[Attachment, ...]:

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from chatapp.chat.chat_file import ChatFileError, chat_from_json, chat_to_json
+from chatapp.chat.chat_settings import ChatSettings
 from chatapp.chat.history import (
     ChatSummary,
     HistoryError,
@@ -34,6 +35,7 @@ from chatapp.chat.history import (
 )
 from chatapp.chat.terminal_text import printable_line
 from chatapp.errors import UserFacingError
+from chatapp.settings.config import Config
 
 __all__ = ["EXPORT_FORMATS", "TITLE_LENGTH", "ChatFileError", "ChatSummary", "ChatsError",
            "NoSuchChat", "SavedChats", "SearchHit", "chat_title"]
@@ -178,6 +180,32 @@ class SavedChats:
         except (OSError, sqlite3.Error) as error:
             raise ChatsError(f"Could not export the chat: {error}. Check that the folder "
                              "exists and can be written.") from error
+
+    def start_chat(self, text: str, config: Config) -> int | None:
+        """A new chat for the first message ``text`` (its title ``chat_title(text)``) with
+        ``config``'s models and settings; its id, None when it could not be saved."""
+        if self.store is None:
+            return None
+        return self.write(self.store.create_chat, chat_title(text), config.draft, config.target,
+                          settings=ChatSettings.of(config))
+
+    def record_settings(self, chat_id: int | None, old: Config, new: Config) -> None:
+        """Chat ``chat_id`` goes on with ``new`` after ``old``: record its settings, if they
+        changed (a failed write is reported as ``write``'s are)."""
+        settings = ChatSettings.of(new)
+        if self.store is not None and chat_id is not None and settings != ChatSettings.of(old):
+            self.write(self.store.set_chat_settings, chat_id, settings)
+
+    def reopened(self, chat_id: int | None, config: Config,
+                 given: dict[str, Any] | None = None) -> tuple[Config, str]:
+        """The settings chat ``chat_id`` goes on with: those it recorded over ``config`` (none
+        recorded, a new chat: ``config``), then ``given`` (the command line's) over them; and a
+        note for the user when its preset is no longer in the config ("" otherwise)."""
+        chat = self.store.get_chat(chat_id) if self.store is not None and chat_id else None
+        settings, note = config, ""
+        if chat is not None and chat.settings is not None:
+            settings, note = chat.settings.reopened(config)
+        return settings.with_overrides(**(given or {})), note
 
     def remove_message(self, message_id: int | None, chat_id: int | None) -> bool:
         """Delete message ``message_id`` (a reply that never came rolls its message back), and

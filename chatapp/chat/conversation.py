@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
-from chatapp.chat.chats import SavedChats, chat_title
+from chatapp.chat.chats import SavedChats
 from chatapp.chat.context import ContextUse, check_message, check_room, measure
 from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
@@ -104,8 +104,9 @@ class Conversation:
         return self.turn is not None or self.replaying is not None
 
     def reconfigure(self, config: Config) -> bool:
-        """Use ``config`` from the next reply on; True when its models must be loaded again."""
+        """Use ``config`` from the next reply on, recorded with the open chat; True: reload."""
         old, self.config = self.config, config
+        self.chats.record_settings(self.chat_id, old, config)
         if config.draft_length != old.draft_length:
             self.draft_length.configure(config, loaded=self.session is not None)
         if self.session is not None:
@@ -333,9 +334,8 @@ class Conversation:
         if self.history is None:
             return None
         if self.chat_id is None:
-            title = chat_title(text or " ".join(a.path for a in attachments))
-            self.chat_id = self.chats.write(self.history.create_chat, title,
-                                            self.config.draft, self.config.target)
+            self.chat_id = self.chats.start_chat(text or " ".join(a.path for a in attachments),
+                                                 self.config)
             if self.chat_id is None:
                 return None
             self._index_follows_chat()  # the text so far becomes this chat's

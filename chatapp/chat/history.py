@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.chat.attachments import Attachment, message_text
+from chatapp.chat.chat_settings import ChatSettings
 from chatapp.chat.finish import finish_text
 from chatapp.chat.history_schema import MIGRATIONS, SCHEMA_VERSION
 from chatapp.engine.events import TokenSource
@@ -61,6 +62,7 @@ class ChatSummary:
     created_at: float
     updated_at: float
     message_count: int
+    settings: ChatSettings | None = None  # None: saved before chats kept their settings
 
 
 @dataclass(frozen=True)
@@ -184,13 +186,20 @@ class HistoryStore:
     # -- chats ----------------------------------------------------------------------------------
 
     def create_chat(self, title: str = "", draft: str = "", target: str = "",
-                    now: float | None = None) -> int:
+                    now: float | None = None, settings: ChatSettings | None = None) -> int:
         now = time.time() if now is None else now
         with self._transaction() as db:
             cursor = db.execute(
-                "INSERT INTO chats (title, draft, target, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)", (title, draft, target, now, now))
+                "INSERT INTO chats (title, draft, target, created_at, updated_at, settings) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (title, draft, target, now, now,
+                                              _settings_json(settings)))
             return int(cursor.lastrowid)
+
+    def set_chat_settings(self, chat_id: int, settings: ChatSettings) -> None:
+        """Record the settings chat ``chat_id`` goes on with (not a use: its time stays)."""
+        with self._transaction() as db:
+            db.execute("UPDATE chats SET settings = ? WHERE id = ?",
+                       (_settings_json(settings), chat_id))
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         with self._transaction() as db:
@@ -211,9 +220,9 @@ class HistoryStore:
     def _chat_rows(self, where: str, args: tuple[Any, ...]) -> list[ChatSummary]:
         rows = self._db.execute(
             "SELECT c.id, c.title, c.draft, c.target, c.created_at, c.updated_at, "
-            "(SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id) "
+            "(SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.settings "
             f"FROM chats c {where} ORDER BY c.updated_at DESC, c.id DESC", args).fetchall()
-        return [ChatSummary(*row) for row in rows]
+        return [ChatSummary(*row[:-1], _stored_settings(row[-1])) for row in rows]
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -288,9 +297,9 @@ class HistoryStore:
         now = time.time() if now is None else now
         with self._transaction() as db:
             cursor = db.execute(
-                "INSERT INTO chats (title, draft, target, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)", (chat.title, chat.draft, chat.target, chat.created_at,
-                                           now))
+                "INSERT INTO chats (title, draft, target, created_at, updated_at, settings) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (chat.title, chat.draft, chat.target,
+                                              chat.created_at, now, _settings_json(chat.settings)))
             new_id = int(cursor.lastrowid)
             for message in messages:
                 self._insert_message(db, new_id, message)
@@ -348,6 +357,19 @@ class HistoryStore:
         text = chat_markdown(chat, self.messages(chat_id))
         write_private(path, text.encode("utf-8"))
         return path
+
+
+def _settings_json(settings: ChatSettings | None) -> str | None:
+    return json.dumps(settings.to_json(), ensure_ascii=False) if settings is not None else None
+
+
+def _stored_settings(text: str | None) -> ChatSettings | None:
+    """The settings of a chat row; None when none were kept, or they no longer read (a value a
+    later version no longer allows: the chat goes on with the settings in force)."""
+    try:
+        return ChatSettings.from_json(json.loads(text)) if text else None
+    except ValueError:
+        return None
 
 
 def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:

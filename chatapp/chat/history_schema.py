@@ -16,6 +16,9 @@ Layout (schema version in ``PRAGMA user_version``; ``MIGRATIONS[i]`` brings vers
 - ``messages.attachments`` (schema 3): the files sent with a user message, as a JSON list of
   ``Attachment.to_json()`` objects (path, language, text as sent); NULL when none. The search
   index holds the typed text only.
+- ``chats.settings`` (schema 4): the settings the chat goes on with, ``ChatSettings.to_json()``
+  (its preset's name, sampling, K, drafter, system prompt...) as JSON; NULL for a chat saved
+  before (it is answered with the settings in force).
 """
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -65,5 +68,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",
     ),
     ("ALTER TABLE messages ADD COLUMN attachments TEXT",),
+    ("ALTER TABLE chats ADD COLUMN settings TEXT",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -7,6 +7,7 @@ blocks are text, not files, so pasted code with decorators goes as typed.
 
 ``split_mentions`` takes the words out of a message; ``read_mentions`` reads the files they name
 (``chatapp.chat.attachments.read_attachment``, relative to a folder, ``~`` expanded);
+``mentions_to_count`` is the message as the context meter counts it while it is typed;
 ``complete_path`` completes a path being typed after ``@`` (the longest common prefix of the
 entries that match).
 """
@@ -15,15 +16,24 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from chatapp.chat.attachments import Attachment, AttachmentError, read_attachment
+from chatapp.chat.attachments import (
+    Attachment,
+    AttachmentError,
+    attachment_path,
+    read_attachment,
+)
 
 # A quoted path, or a run of non-space characters not ending in punctuation.
 MENTION = re.compile(r'(?<!\S)@(?:"([^"\n]+)"|(\S*[^\s.,;:!?)\]}>"\']))')
 FENCE = re.compile(r"^ *(```|~~~).*?(?:^ *\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 # The @word the cursor is at the end of, in the text before the cursor.
 TYPING = re.compile(r'(?<!\S)@([^\s"]*)\Z')
+# The largest file the context meter reads and counts while a message is typed (on the UI
+# thread: its tokenizing must not stall the typing; docs/benchmarks.md has the times).
+METER_BYTES = 32 * 1024
 
 
 def mention(path: str) -> str:
@@ -31,9 +41,10 @@ def mention(path: str) -> str:
     return f'@"{path}"' if re.search(r"\s", path) else f"@{path}"
 
 
-def split_mentions(text: str) -> tuple[str, list[str]]:
+def split_mentions(text: str, taken: Callable[[str], bool] | None = None
+                   ) -> tuple[str, list[str]]:
     """``text`` without its ``@path`` words (and the spaces before them), and the paths, in
-    order, each once."""
+    order, each once; with ``taken``, only the words of the paths it accepts."""
     fenced = [match.span() for match in FENCE.finditer(text)]
     paths: list[str] = []
     kept = ""
@@ -42,6 +53,8 @@ def split_mentions(text: str) -> tuple[str, list[str]]:
         if any(start <= match.start() < stop for start, stop in fenced):
             continue
         path = match.group(1) or match.group(2)
+        if taken is not None and not taken(path):
+            continue
         if path not in paths:
             paths.append(path)
         kept += _after_removal(kept, text[end:match.start()]).rstrip(" \t")
@@ -70,6 +83,20 @@ def read_mentions(text: str, folder: Path) -> tuple[str, list[Attachment]]:
             raise AttachmentError(f"@{path}: {error} (A word starting with @ attaches a file; "
                                   "in a ``` code block it is sent as typed.)") from None
     return bare, attachments
+
+
+def mentions_to_count(text: str, folder: Path) -> tuple[str, list[Attachment]]:
+    """``text`` as the context meter counts it before it is sent: as ``read_mentions`` makes it
+    for the files that can be attached and hold at most ``METER_BYTES`` (read while the user
+    types); the ``@path`` word of any other file stays in the text, counted as typed."""
+    files: dict[str, Attachment] = {}
+    for path in split_mentions(text)[1]:
+        try:
+            if attachment_path(path, folder).stat().st_size <= METER_BYTES:
+                files[path] = read_attachment(path, folder)
+        except (OSError, AttachmentError):
+            continue
+    return split_mentions(text, files.__contains__)[0], list(files.values())
 
 
 def typed_fragment(before_cursor: str) -> str | None:

@@ -124,6 +124,16 @@ class EditTracker:
         if self._cursor is not None and self._cursor.by_line:
             self._cursor = self._lost = None
 
+    @property
+    def following(self) -> bool:
+        """Whether a cursor is placed (synced, or diverged and looking for the re-join)."""
+        return self._cursor is not None
+
+    def unfollow(self) -> None:
+        """Drop the cursor: follow nothing until the sequence is acquired again or
+        ``follow_from`` places one."""
+        self._cursor, self._lost, self._rejoined, self._candidate = None, None, None, None
+
     def follow_from(self, pos: int) -> None:
         """Expect the sequence to go on from ``pos`` (``chatapp.drafters.prediction``)."""
         self._cursor, self._lost, self._rejoined, self._candidate = _Cursor(pos), None, None, None

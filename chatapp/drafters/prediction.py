@@ -3,9 +3,11 @@
 An API client can send the text it expects the reply to be (OpenAI's ``prediction``: an editor
 sends the file being edited). ``PredictionSource`` drafts from it with the speculative edits'
 tracker (``chatapp.drafters.edits.EditTracker``) over the prediction's tokens followed by the
-reply's own: the cursor starts at the prediction's first token when the reply starts, follows the
-reply through it, and re-joins it after a change (a renamed variable, an inserted line) as it
-re-joins the source of an edit. Its proposals are one-hot and of their own kinds
+reply's own: the cursor is placed after the prediction's first token once the reply writes that
+token (a reply often opens with a code fence or a sentence before the predicted text; the
+tracker's own acquisition may place it earlier), follows the reply through the prediction, and
+re-joins it after a change (a renamed variable, an inserted line) as it re-joins the source of an
+edit. Its proposals are one-hot and of their own kinds
 ("prediction-run", "prediction-new", ...: the edit kinds renamed), so the engine verifies them
 exactly like every other source's and the policy learns how far to trust each: a prediction can
 make a reply faster, never different; a wrong one costs a few rejected drafts until the policy's
@@ -41,7 +43,7 @@ class PredictionSource:
         for token in self.tokens:
             self._tracker.append(token)
         self._tracker.start_reply()
-        self._tracker.follow_from(0)
+        self._tracker.unfollow()  # where the prediction repeats itself says nothing of the reply
         self._fed = 0  # reply tokens given to the tracker
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
@@ -56,8 +58,12 @@ class PredictionSource:
     def _sync(self, context: Sequence[int]) -> None:
         """Feed the tracker the reply tokens of ``context`` it has not seen."""
         reply = len(context) - self.reply_start
+        tracker = self._tracker
         for position in range(self.reply_start + self._fed, self.reply_start + reply):
-            self._tracker.append(context[position])
+            token = context[position]
+            tracker.append(token)
+            if not tracker.following and token == self.tokens[0]:
+                tracker.follow_from(1)  # the reply has started writing the prediction
         self._fed = max(self._fed, reply)
 
 

@@ -191,6 +191,7 @@ async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
     while True:
         for event in events:
             if isinstance(event, ExchangeDone):
+                await job.turn_over()
                 return event.result
         if job.finished:
             raise server_error("The reply ended without its result.")
@@ -204,6 +205,7 @@ async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
     while True:
         result = await _write_events(response, chunks, events)
         if result is not None:
+            await job.turn_over()
             return result
         events = await job.next()
         if not events and job.finished:

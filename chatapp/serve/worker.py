@@ -51,6 +51,15 @@ class JobStream(Generic[T]):
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
+        self.turn: asyncio.Future[None] | None = None  # the job on the models' thread
+
+    async def turn_over(self) -> None:
+        """Wait until the models' thread has ended this job's turn: from then on the worker is
+        free (or the next request's). A handler calls it after the job's last item and before
+        it answers, so that a client never sees its reply while the engine still counts as
+        busy."""
+        if self.turn is not None:
+            await asyncio.shield(self.turn)
 
     def put(self, item: Any) -> None:
         self._queue.put_nowait(item)
@@ -115,7 +124,7 @@ class EngineWorker:
             loop.call_soon_threadsafe(stream.put, item)
 
         running = loop.run_in_executor(self._executor, _drive, produce, cancel, put)
-        self._running = running
+        self._running = stream.turn = running
         running.add_done_callback(lambda _: self._release(loop.time() - started))
         try:
             yield stream

@@ -1,8 +1,13 @@
 """Settings: a frozen dataclass, read from TOML in the user config dir, overridden by CLI flags.
 
 ``load_config(path)`` returns the defaults when the file does not exist. Any problem in the file
-(TOML syntax, an unknown key, a value of the wrong type or out of range) raises ``ConfigError``
-whose message names the file, the line and the key, and says what is allowed.
+(TOML syntax, an unknown key, a value of the wrong type or out of range, a bad preset) raises
+``ConfigError`` whose message names the file, the line and the key, and says what is allowed.
+
+Presets (``chatapp.settings.presets``): ``presets`` holds the built-in ones and the file's
+``[presets.NAME]`` tables; ``preset`` names the one chosen ("" none). Precedence: command-line
+options > the preset > the file's other values > the defaults: the file's ``preset = "NAME"`` is
+applied over its other values (``with_preset``), the command line over both.
 
 Writing the settings back (the settings screen's "Save as defaults") is
 ``chatapp.settings.config_file``.
@@ -23,6 +28,14 @@ from chatapp.backends.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from chatapp.backends.endpoints import parse_endpoints
 from chatapp.errors import UserFacingError
 from chatapp.settings.options import OPTIONS, OptionError, problems
+from chatapp.settings.presets import (
+    BUILTIN_PRESETS,
+    Preset,
+    PresetError,
+    find_preset,
+    presets_from_table,
+    unknown_preset,
+)
 from chatapp.user_files import config_dir
 
 
@@ -58,10 +71,33 @@ class Config:
     layout: str = "auto"  # weight layout of catalog models: fastest faithful, shipped, or fast
     rpc: tuple[str, ...] = ()  # "host:port" of RPC servers that hold the target's layers
     tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
+    # The preset these settings were chosen from ("" none; a reopened chat's may be gone from
+    # ``presets``: the file and the command line choose among them, ``with_preset``).
+    preset: str = ""
+    presets: tuple[Preset, ...] = BUILTIN_PRESETS  # every preset that can be chosen
 
     def __post_init__(self) -> None:
         for problem in problems(self) + _rpc_problems(self):
             raise ConfigError(problem)
+
+    def with_preset(self, name: str) -> Config:
+        """A copy with the preset ``name``'s values and label ("": the label only cleared);
+        ``ConfigError`` naming the presets there are when there is no such preset."""
+        if not name:
+            return dataclasses.replace(self, preset="")
+        preset = find_preset(self.presets, name)
+        if preset is None:
+            raise ConfigError(unknown_preset(self.presets, name))
+        return dataclasses.replace(self, preset=name, **preset.settings)
+
+    @property
+    def holds_preset(self) -> bool:
+        """Whether every value the chosen preset sets is in force (True without a preset, False
+        for one gone from ``presets``)."""
+        preset = find_preset(self.presets, self.preset)
+        if preset is None:
+            return not self.preset
+        return all(getattr(self, field) == value for field, value in preset.values)
 
     def measured_setup(self) -> list[str]:
         """The settings that change what the auto policy measures (costs, acceptance): the key of
@@ -94,6 +130,20 @@ class Config:
         return None if self.draft_length == "auto" else int(self.draft_length)
 
 
+def command_line_settings(config: Config, options: dict[str, Any]) -> dict[str, Any]:
+    """What the command line's ``options`` (argparse's, by Config field name; absent ones left
+    out) set over ``config``: its preset's values and name (``preset``), then its other options,
+    which win. ``ConfigError`` naming the presets there are for an unknown preset."""
+    names = {f.name for f in fields(Config)} - {"presets", "preset"}
+    given = {key: value for key, value in options.items() if key in names and value is not None}
+    if options.get("preset") is None:
+        return given
+    chosen = config.with_preset(options["preset"])
+    preset = find_preset(config.presets, chosen.preset)
+    values = preset.settings if preset is not None else {}
+    return {"preset": chosen.preset, **values} | given
+
+
 def default_config_path() -> Path:
     return config_dir() / "config.toml"
 
@@ -112,10 +162,13 @@ def load_config(path: Path | None = None) -> Config:
 
 def config_from_table(data: dict[str, Any], path: Path, text: str) -> Config:
     """The Config of a parsed TOML table ``data`` read from ``text`` of the file ``path``; a
-    ``ConfigError`` naming the file, the line and the key for an unknown key or a bad value."""
-    known = {f.name: f for f in fields(Config)}
-    values: dict[str, Any] = {}
+    ``ConfigError`` naming the file, the line and the key for an unknown key or a bad value, the
+    file and the preset for a bad preset. The file's ``preset`` is applied over its other values."""
+    known = {f.name: f for f in fields(Config) if f.name != "presets"}
+    values: dict[str, Any] = {"presets": _presets(data.get("presets", {}), path, text)}
     for key, value in data.items():
+        if key == "presets":
+            continue
         where = f"{path}, line {_line_of(text, key)}"
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
@@ -127,10 +180,23 @@ def config_from_table(data: dict[str, Any], path: Path, text: str) -> Config:
         except OptionError as error:
             raise ConfigError(f"{where}: {error}") from None
     try:
-        return Config(**values)
+        return Config(**values).with_preset(values.get("preset", ""))
     except ConfigError as error:
         key = str(error).split(" ", 1)[0]
         raise ConfigError(f"{path}, line {_line_of(text, key)}: {error}") from None
+
+
+def _presets(table: Any, path: Path, text: str) -> tuple[Preset, ...]:
+    """The presets there are with the file's ``presets`` table; a ``ConfigError`` naming the
+    file, the line of the bad preset's table and the fix."""
+    try:
+        return presets_from_table(table)
+    except PresetError as error:
+        name = str(error).split("'")[1] if str(error).startswith("preset '") else ""
+        match = re.search(rf"^[ \t]*\[[ \t]*presets\.[\"']?{re.escape(name)}[\"']?[ \t]*\]",
+                          text, flags=re.MULTILINE) if name else None
+        line = text.count("\n", 0, match.start()) + 1 if match else _line_of(text, "presets")
+        raise ConfigError(f"{path}, line {line}: {error}") from None
 
 
 def _rpc_problems(config: Config) -> list[str]:

@@ -1,8 +1,8 @@
 """Writing the settings back to their TOML file (the settings screen's "Save as defaults").
 
 ``save_config(config, path)`` writes atomically, the file 0600, keeping a hand-edited file's
-comments and other lines; what it writes always loads back
-(``chatapp.settings.config.load_config``) as the same ``Config``.
+comments, other lines and tables (``[presets.NAME]``); what it writes always loads back
+(``chatapp.settings.config.load_config``) as the same ``Config`` (``saved_form``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def save_config(config: Config, path: Path | None = None) -> Path:
     then left as it was.
     """
     path = path or default_config_path()
+    config = saved_form(config)
     try:
         target = path.resolve() if path.is_symlink() else path
         # bytes, not read_text: its newline translation would turn a file's CRLFs into LFs
@@ -54,6 +55,13 @@ def save_config(config: Config, path: Path | None = None) -> Path:
     except (OSError, UnicodeEncodeError) as error:
         raise ConfigError(f"Could not save the settings to {path}: {_reason(error)}.") from None
     return path
+
+
+def saved_form(config: Config) -> Config:
+    """``config`` as its file can hold it: the preset's name is kept only while its values are
+    all in force (the file's preset is applied over its other values, so a value changed since
+    could not be written under it)."""
+    return config if config.holds_preset else config.with_preset("")
 
 
 def _reason(error: BaseException) -> str:
@@ -114,10 +122,12 @@ class _Statement:
 _BLANK_OR_COMMENT = re.compile(r"[ \t]*(#[^\r\n]*)?(\r?\n|$)")
 _KEY = re.compile(r"[ \t]*(?:([A-Za-z0-9_-]+)|\"([^\"\\\r\n]*)\"|'([^'\r\n]*)')[ \t]*=[ \t]*")
 _VALUE_END_CANDIDATES = re.compile(r"[#\r\n]")
+_TABLE = re.compile(r"[ \t]*\[")  # a table header: the top-level statements end there
 
 
-def _statements(text: str, path: Path) -> list[_Statement]:
-    """Every top-level ``key = value`` statement of a flat TOML file, with where it lies.
+def _top_level(text: str, path: Path) -> tuple[list[_Statement], int]:
+    """Every top-level ``key = value`` statement of a TOML file (those before its first table
+    header) with where it lies, and where that header starts (``len(text)``: no table).
 
     A statement's end is the first '#', line break or end of text after which the statement alone
     parses as TOML: so a '#' or a 'key =' inside a (multi-line) string is never taken for a
@@ -130,6 +140,8 @@ def _statements(text: str, path: Path) -> list[_Statement]:
         if blank and blank.end() > pos:
             pos = blank.end()
             continue
+        if _TABLE.match(text, pos):
+            return found, pos
         key_match = _KEY.match(text, pos)
         if not key_match:
             raise ConfigError(f"{path}, line {text.count(chr(10), 0, pos) + 1}: only "
@@ -154,7 +166,7 @@ def _statements(text: str, path: Path) -> list[_Statement]:
             stripped_end -= 1
         found.append(_Statement(key, pos, key_match.end(), stripped_end, line_end))
         pos = line_end
-    return found
+    return found, len(text)
 
 
 def _parses_alone(statement: str) -> bool:
@@ -166,7 +178,7 @@ def _parses_alone(statement: str) -> bool:
 
 def _updated_text(config: Config, old_text: str | None, path: Path) -> str:
     defaults = Config()
-    names = [f.name for f in fields(Config)]
+    names = [f.name for f in fields(Config) if f.name != "presets"]  # tables, kept as they are
     if old_text is None:
         lines = [f"{name} = {toml_value(name, getattr(config, name))}\n" for name in names
                  if getattr(config, name) != getattr(defaults, name)
@@ -177,7 +189,7 @@ def _updated_text(config: Config, old_text: str | None, path: Path) -> str:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: {error}. Fix the TOML syntax there before saving.") from None
     old = config_from_table(data, path, old_text)  # unknown keys and bad values: fix them first
-    statements = {s.key: s for s in _statements(old_text, path)}
+    statements = {s.key: s for s in _top_level(old_text, path)[0]}
     newline = "\r\n" if "\r\n" in old_text else "\n"
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement) in old_text
     appended = []
@@ -199,7 +211,9 @@ def _updated_text(config: Config, old_text: str | None, path: Path) -> str:
     text = old_text
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]
-    if appended and text and not text.endswith("\n"):
-        text += newline
-    return text + "".join(appended)
+    table = _top_level(text, path)[1]
+    head, tables = text[:table], text[table:]  # new keys go before the first table
+    if appended and head and not head.endswith("\n"):
+        head += newline
+    return head + "".join(appended) + (newline if appended and tables else "") + tables
 

@@ -1,6 +1,7 @@
 """Every setting's type, allowed values and error text, in one place.
 
-``OPTIONS`` has one ``Option`` per ``Config`` field. Its three readers share the rules here:
+``OPTIONS`` has one ``Option`` per ``Config`` field but ``presets`` (the presets' tables are
+``chatapp.settings.presets``'s). Its three readers share the rules here:
 ``chatapp.settings.config`` (the TOML file: ``from_toml``; a ``Config``: ``problems``),
 ``chatapp.cli`` (argparse: ``arg_type``, ``choices``) and the Settings screen (its text fields:
 ``parse``).
@@ -167,6 +168,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("device", str, Rule("auto, cpu or cuda[:N]", _is_device)),
     Option("rpc", str, items='strings "host:port"'),
     Option("tensor_split", float, items="numbers, one per RPC device"),
+    Option("preset", str),
 )}
 
 

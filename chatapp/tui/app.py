@@ -15,8 +15,6 @@ streaming reply (stopped) and closes the models and the history.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,15 +33,14 @@ from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.chat_view import ChatView
-from chatapp.tui.chats_screen import ChatChoice, ChatListScreen
+from chatapp.tui.chats_screen import ChatChoice, ChatListScreen, export_markdown
 from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import BINDINGS, help_sections, system_commands
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import LoadFailed, LoadProgress, SessionLoaded
 from chatapp.tui.screens import HelpScreen, SettingsScreen
-from chatapp.tui.shutdown import QuitSignals, terminal_hung_up
-from chatapp.tui.stats_view import TurnInfo
+from chatapp.tui.shutdown import QuitSignals, quit_on_signal
 from chatapp.tui.status_line import ContextMeter, StatusBar
 from chatapp.tui.widgets import StatsPanel
 
@@ -51,8 +48,9 @@ from chatapp.tui.widgets import StatsPanel
 class SpecChatApp(App[int]):
     """specchat's chat app. ``config_path`` is the file the settings screen saves to (None: the
     default place); ``folder`` the one ``@path`` words and the file picker start from (None: the
-    current one). ``session_factory``, ``history_path`` and ``export_dir`` are there for tests
-    (fake backends, a temporary database)."""
+    current one); ``given`` the settings the command line gave, over those of the chat the app
+    reopens at its start. ``session_factory``, ``history_path`` and ``export_dir`` are there
+    for tests (fake backends, a temporary database)."""
 
     CSS_PATH = "specchat.tcss"
     TITLE = "specchat"
@@ -62,8 +60,10 @@ class SpecChatApp(App[int]):
     def __init__(self, config: Config, *, config_path: Path | None = None,
                  session_factory: SessionFactory | None = None,
                  history_path: Path | None = None, export_dir: Path | None = None,
-                 folder: Path | None = None) -> None:
+                 folder: Path | None = None, given: dict[str, Any] | None = None) -> None:
         super().__init__()
+        self._given = given or {}
+        self._defaults = config  # what a new chat starts with (Save as defaults changes it)
         self.folder = folder or Path.cwd()
         self.config_path = config_path
         self.session_factory: SessionFactory = session_factory or self._build_session
@@ -118,7 +118,7 @@ class SpecChatApp(App[int]):
         return build_session_over_history(config, progress, self.history_path)
 
     async def on_mount(self) -> None:
-        self._signals.install(self._quit_on_signal)
+        self._signals.install(lambda signum: quit_on_signal(self, signum))
         try:
             self.chat.chats.open(self.history_path)
         except UserFacingError as error:
@@ -126,7 +126,7 @@ class SpecChatApp(App[int]):
                         title="No history", severity="error", timeout=15, markup=False)
         self.message_list.anchor()
         self.stats_panel.show_nothing()
-        await self.chat_view.open_chat(self.chat.chats.latest())  # where the user left off
+        await self.reopen(self.chat.chats.latest())  # where the user left off
         self.start_loading()
 
     def _history_write_failed(self, text: str) -> None:
@@ -142,7 +142,7 @@ class SpecChatApp(App[int]):
 
     def update_context(self, marker: bool = True) -> None:
         """The context meter follows the chat and the message box (see ``ContextMeter``)."""
-        use = self._meter.follow(self.chat, self.chat_input.text)
+        use = self._meter.follow(self.chat, self.chat_input.text, self.folder)
         if marker and use is not None:  # where the model's view begins
             self.message_list.mark_view_start(self.chat.entries, use.left_out)
 
@@ -172,18 +172,11 @@ class SpecChatApp(App[int]):
     def _refresh_stats(self) -> None:
         """The stats panel shows the selected reply, else the live one, else the latest."""
         panel = self.stats_panel
-        if not panel.display:
-            return
-        view = self.message_list.reply_view()
-        if view is None:
+        shown = self.message_list.reply_stats() if panel.display else None
+        if shown is not None:
+            panel.show(*shown, self.chat.baseline_tps)
+        elif panel.display:
             panel.show_nothing()
-            return
-        replies = [v for v in self.message_list.views if v.role == "assistant"]
-        number = replies.index(view) + 1 if view in replies else len(replies)
-        stats = view.turn.stats() if view.live and view.turn is not None else view.stats
-        info = TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, view.live,
-                        view.target_rpc, view.entry.replay if view.entry else None)
-        panel.show(stats, info, self.chat.baseline_tps)
 
     # -- the models -----------------------------------------------------------------------------
 
@@ -298,13 +291,22 @@ class SpecChatApp(App[int]):
             self.push_screen(HelpScreen(help_sections()))
 
     def action_settings(self) -> None:
-        self.push_screen(SettingsScreen(self.config, self.config_path), self.apply_config)
+        screen = SettingsScreen(self.config, self.config_path)
+        self.push_screen(screen, lambda config: self.apply_config(config, defaults=screen.saved))
 
-    def apply_config(self, config: Config | None) -> None:
+    def use_preset(self, name: str) -> None:
+        """Answer with the preset ``name``'s settings from the next reply on."""
+        self.apply_config(self.config.with_preset(name), f"Preset {name}: from the next reply.")
+
+    def apply_config(self, config: Config | None, told: str = "Settings applied from the next "
+                     "reply.", defaults: Config | None = None) -> None:
+        """Answer with ``config`` from the next reply on (``told`` says so), reloading if need
+        be; ``defaults``: what new chats start with from now on (None: as they did)."""
+        self._defaults = defaults or self._defaults
         if config is None or config == self.config:
             return
         if not self.chat.reconfigure(config):
-            self.notify("Settings applied from the next reply.", timeout=3)
+            self.notify(told, timeout=3, markup=False)
         elif self.chat.busy:
             self.notify("The new models load after this reply: press ctrl+r then.",
                         severity="warning")
@@ -319,7 +321,7 @@ class SpecChatApp(App[int]):
     # -- saved chats ----------------------------------------------------------------------------
 
     async def action_new_chat(self) -> None:
-        await self.chat_view.open_chat(None)
+        await self.reopen(None)
         self._follow_view()
 
     def action_chats(self) -> None:
@@ -335,24 +337,33 @@ class SpecChatApp(App[int]):
         chat_id = self.chat.chat_id
         deleted = chat_id is not None and not self.chat.chats.exists(chat_id)
         if result is not None and result[0] == "open":
-            await self.chat_view.open_chat(result[1])
-            if result[2] is not None:
-                self.message_list.show_message(result[2])
+            await self.reopen(result[1], result[2])
         elif deleted or result is not None:  # a new chat, or the open one was deleted
-            await self.chat_view.open_chat(None)
+            await self.reopen(None)
         self._follow_view()
+
+    async def reopen(self, chat_id: int | None, at: int | None = None) -> None:
+        """Open saved chat ``chat_id`` (at message ``at``) with its recorded settings (at the
+        start the command line's over them); None: a new chat, on the defaults (``_defaults``)."""
+        await self.chat_view.open_chat(chat_id)
+        if at is not None:
+            self.message_list.show_message(at)
+        base = self.config if chat_id is not None else self._defaults
+        config, note = self.chat.chats.reopened(chat_id, base, self._given)
+        self._given = {}
+        if note:
+            self.chat_view.add_note(note)
+        if self.chat.session is None:  # the models load with it
+            self.chat.reconfigure(config)
+        else:
+            self.apply_config(config, "This chat's settings are in force again.")
 
     def action_export(self) -> None:
         chat_id = self.chat.chat_id
         if not self.chat.chats.available or chat_id is None:
             self.notify("Nothing to export yet: send a message first.", severity="warning")
-            return
-        try:
-            path = self.chat.chats.export_markdown(chat_id, self.export_dir)
-        except UserFacingError as error:
-            self.notify(str(error), severity="error", markup=False)
-            return
-        self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)
+        else:
+            export_markdown(self, self.chat.chats, chat_id, self.export_dir)
 
     # -- the ways out ---------------------------------------------------------------------------
 
@@ -361,19 +372,6 @@ class SpecChatApp(App[int]):
         """Stop a streaming reply and save it as it stands (stopped), then exit."""
         self.chat.stop_and_save()
         super().exit(result, return_code, message)
-
-    def _quit_on_signal(self, signum: int) -> None:
-        """The terminal was closed, or the system asks the app to end: stop the reply, save it
-        as it stands, close the history and exit (status 128 + the signal, as a shell reports a
-        process ended by a signal)."""
-        if signum == getattr(signal, "SIGHUP", None) and terminal_hung_up():
-            # Nothing can be shown or restored any more, and Textual's shutdown would write to
-            # the dead terminal: its output thread ends at the first failed write, and the app
-            # then waits for it forever. Save, close the history and leave at once.
-            self.chat.stop_and_save()
-            self.chat.chats.close()
-            os._exit(128 + signum)
-        self.exit(return_code=128 + signum)
 
     async def action_quit(self) -> None:
         """Quit. A model load cannot be interrupted: the app says so and quits when it ends
@@ -390,10 +388,12 @@ class SpecChatApp(App[int]):
         self.chat.chats.close()
 
 
-def run_app(config: Config, config_path: Path | None = None) -> int:
+def run_app(config: Config, config_path: Path | None = None,
+            given: dict[str, Any] | None = None) -> int:
     """Run the chat app on ``config``'s pair until the user quits; returns the exit status.
-    ``config_path`` is the config file the settings screen saves to (None: the default one)."""
-    app = SpecChatApp(config, config_path=config_path)
+    ``config_path`` is the config file the settings screen saves to (None: the default one),
+    ``given`` the settings the command line gave (they win over the reopened chat's)."""
+    app = SpecChatApp(config, config_path=config_path, given=given)
     app.run()
     for note in app.told_notes:  # the terminal's own screen keeps them after the app is gone
         print(f"specchat: {note}", file=sys.stderr)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -256,3 +257,16 @@ class ChatListScreen(ModalScreen[ChatChoice | None]):
             return
         self._say(f"Exported to {path}")
         self.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)
+
+
+def export_markdown(app: App[Any], chats: SavedChats, chat_id: int,
+                    export_dir: Path | None) -> Path | None:
+    """Export chat ``chat_id`` to Markdown in ``export_dir``, and tell the user where (or why
+    not) in a notification of ``app``; the file's path, None when it failed."""
+    try:
+        path = chats.export_markdown(chat_id, export_dir)
+    except UserFacingError as error:
+        app.notify(str(error), severity="error", markup=False)
+        return None
+    app.notify(f"Exported to {path}", title="Chat exported", timeout=10, markup=False)
+    return path

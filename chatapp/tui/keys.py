@@ -124,6 +124,9 @@ def system_commands(app: Any) -> Iterable[SystemCommand]:
     ]
     for title, help_text, callback in commands:
         yield SystemCommand(title, help_text, callback)
+    for preset in app.config.presets:
+        yield SystemCommand(f"Preset: {preset.name}", f"From the next reply: {preset.summary()}",
+                            lambda name=preset.name: app.use_preset(name))
     for k in (0, 1, 2, 3, 4, 5, 6, 8):
         note = " (target alone: measures the speedup baseline)" if k == 0 else ""
         yield SystemCommand(f"Draft length K = {k}", f"Draft {k} tokens per step{note}",

@@ -17,8 +17,10 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from chatapp.chat.context import view_start_note
+from chatapp.chat.events import TurnStats
 from chatapp.chat.turns import ChatEntry, Turn
 from chatapp.tui.chat_input import ChatInput
+from chatapp.tui.stats_view import TurnInfo
 from chatapp.tui.widgets import MessageView, Note
 
 # A fenced Markdown code block: ``` or ~~~, an optional language, the code, the same fence
@@ -141,6 +143,18 @@ class MessageList(VerticalScroll, can_focus=True):
                 return following[0]
         live = next((v for v in replies if v.live), None)
         return live or (replies[-1] if replies else None)
+
+    def reply_stats(self) -> tuple[TurnStats | None, TurnInfo] | None:
+        """What the stats panel shows: the selected reply, else the live one, else the latest
+        (its statistics, live ones while it streams, and which turn it is); None: no reply."""
+        view = self.reply_view()
+        if view is None:
+            return None
+        replies = [v for v in self.views if v.role == "assistant"]
+        number = replies.index(view) + 1 if view in replies else len(replies)
+        stats = view.turn.stats() if view.live and view.turn is not None else view.stats
+        return stats, TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, view.live,
+                               view.target_rpc, view.entry.replay if view.entry else None)
 
     def _copy_view(self) -> MessageView | None:
         """The selected message, else the last reply."""

@@ -18,6 +18,7 @@ from chatapp.chat.events import TokenSource
 from chatapp.settings.config import Config, ConfigError, default_config_path
 from chatapp.settings.config_file import save_config
 from chatapp.settings.options import OPTIONS, OptionError
+from chatapp.settings.presets import find_preset
 from chatapp.tui.token_text import TOKEN_MEANINGS, TokenText
 
 HelpSection = tuple[str, Sequence[tuple[str, str]]]
@@ -93,7 +94,9 @@ SETTING_FIELDS = (
 class SettingsScreen(ModalScreen[Config | None]):
     """Sampling, draft length, system prompt and models. Returns the new Config (or None).
 
-    "Save as defaults" also writes them to ``config_path`` (None: the default config file)."""
+    Choosing a preset fills the fields it sets (the others keep their values); the settings
+    returned carry its name. "Save as defaults" also writes them to ``config_path`` (None: the
+    default config file)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
                 Binding("f8,alt+s", "save_defaults", "Save as defaults")]
@@ -102,12 +105,16 @@ class SettingsScreen(ModalScreen[Config | None]):
         super().__init__()
         self.config = config
         self.config_path = config_path
+        self._preset = config.preset  # the preset chosen last in the form
+        self.saved: Config | None = None  # the settings written by "Save as defaults"
 
     def compose(self) -> ComposeResult:
         with Vertical(id="settings-box", classes="dialog"):
             yield Label("Settings", classes="dialog-title")
             with VerticalScroll():
                 with Grid(id="settings-grid"):
+                    yield Label("Preset")
+                    yield self._presets()
                     for name, label, hint in SETTING_FIELDS:
                         value = getattr(self.config, name)
                         yield Label(label)
@@ -136,6 +143,29 @@ class SettingsScreen(ModalScreen[Config | None]):
         """A list of the values setting ``name`` allows, its value selected."""
         return Select([(c, c) for c in OPTIONS[name].choices], value=getattr(self.config, name),
                       allow_blank=False, id=f"set-{name}", tooltip=tooltip)
+
+    def _presets(self) -> Select[str]:
+        """The presets to choose from, the one in force selected ("none": no preset)."""
+        presets = self.config.presets
+        choices = [("none", "")] + [(p.name, p.name) for p in presets]
+        if self.config.preset and all(p.name != self.config.preset for p in presets):
+            choices.append((f"{self.config.preset} (no longer in the config)", self.config.preset))
+        return Select(choices, value=self.config.preset, allow_blank=False, id="set-preset",
+                      tooltip="Fills the fields a preset sets: sampling, K, drafter, system prompt")
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        """A preset chosen: its values go into the fields."""
+        if event.select.id != "set-preset" or event.value == self._preset:
+            return
+        self._preset = str(event.value)
+        preset = find_preset(self.config.presets, self._preset)
+        for name, value in preset.values if preset is not None else ():
+            if name == "system_prompt":
+                self.query_one("#set-system_prompt", TextArea).text = value
+            elif name == "drafter":
+                self.query_one("#set-drafter", Select).value = value
+            else:
+                self.query_one(f"#set-{name}", Input).value = str(value)
 
     def on_mount(self) -> None:
         self.query_one("#set-temperature", Input).focus()
@@ -168,6 +198,7 @@ class SettingsScreen(ModalScreen[Config | None]):
             self.query_one("#settings-error", Label).update(Text(str(error)))
             return
         self.notify(f"Saved to {path}", title="Settings saved", timeout=6, markup=False)
+        self.saved = config
         self.dismiss(config)
 
     def read_config(self) -> Config:
@@ -200,5 +231,6 @@ class SettingsScreen(ModalScreen[Config | None]):
             drafter=str(self.query_one("#set-drafter", Select).value),
             overflow=str(self.query_one("#set-overflow", Select).value),
             system_prompt=self.query_one("#set-system_prompt", TextArea).text,
+            preset=str(self.query_one("#set-preset", Select).value),
         )
         return dataclasses.replace(self.config, **values)

@@ -10,6 +10,7 @@ runs, and gives them their handlers back after. ``terminal_hung_up`` tells a clo
 from __future__ import annotations
 
 import asyncio
+import os
 import select
 import signal
 import sys
@@ -67,3 +68,17 @@ def terminal_hung_up() -> bool:
     poll = select.poll()
     poll.register(fd, select.POLLOUT)
     return any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0))
+
+
+def quit_on_signal(app: Any, signum: int) -> None:
+    """The terminal was closed, or the system asks the chat app ``app`` to end: stop the reply,
+    save it as it stands, close the history and exit (status 128 + the signal, as a shell reports
+    a process ended by a signal)."""
+    if signum == getattr(signal, "SIGHUP", None) and terminal_hung_up():
+        # Nothing can be shown or restored any more, and Textual's shutdown would write to
+        # the dead terminal: its output thread ends at the first failed write, and the app
+        # then waits for it forever. Save, close the history and leave at once.
+        app.chat.stop_and_save()
+        app.chat.chats.close()
+        os._exit(128 + signum)
+    app.exit(return_code=128 + signum)

@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from chatapp.chat.context import ContextUse
 from chatapp.chat.conversation import Conversation
+from chatapp.chat.mentions import mentions_to_count
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.loading import ModelLoader
@@ -50,7 +51,7 @@ class StatusBar(Static):
         where = f" {rpc_label(config.rpc, short=True)}" if config.rpc else ""
         models.append(f" {config.backend} │ draft {drafter_label(config)} → target "
                       f"{short_model_name(config.target)}")
-        text = Text(f"{where} │ ")
+        text = Text(f"{where} │ " + (f"{config.preset} │ " if config.preset else ""))
         text.append(f"K {chat.k_label}", style="bold")
         if session is not None and not chat.has_drafter:
             text.append(" (no draft loaded)")
@@ -102,20 +103,22 @@ METER_DELAY_S = 0.3  # the context meter counts the typed text once the typing p
 
 class ContextMeter(Static):
     """The context meter: "ctx 1.2k/4k", the tokens the next turn's prompt uses of the context
-    window (the chat and the text in the message box, as the ``overflow`` setting would send
-    them), and how many of the chat's messages are out of the model's view. From 80% of the
-    window on it has the class ``-warning``. The app tells it what to show (``show``)."""
+    window (the chat and the text in the message box, its ``@path`` files read, as the
+    ``overflow`` setting would send them), and how many of the chat's messages are out of the
+    model's view. From 80% of the window on it has the class ``-warning``. The app tells it what
+    to show (``show``)."""
 
     _timer: Timer | None = None
 
-    def follow(self, chat: Conversation, text: str) -> ContextUse | None:
+    def follow(self, chat: Conversation, text: str, folder: Path) -> ContextUse | None:
         """Show the context ``chat``'s next turn uses with ``text`` in the message box (None:
-        not counted); not while a worker runs the models (their tokenizer): the turn's end
-        counts again."""
+        not counted), its ``@path`` files (relative to ``folder``) counted as they will be sent
+        (``mentions_to_count``); not while a worker runs the models (their tokenizer): the
+        turn's end counts again."""
         if chat.busy:
             return None
         try:
-            use = chat.context_use(text)
+            use = chat.context_use(*mentions_to_count(text, folder))
         except UserFacingError:  # the models failed (a closed RPC target): the next turn says so
             use = None
         self.show(use)

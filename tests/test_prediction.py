@@ -10,7 +10,12 @@ import numpy as np
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.drafters.prediction import PredictionSource, ahead_of_edits, is_prediction_kind
+from chatapp.drafters.prediction import (
+    PredictionSource,
+    adds_to,
+    ahead_of_edits,
+    is_prediction_kind,
+)
 from chatapp.engine.contracts import DraftBudget
 from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams
@@ -98,3 +103,28 @@ def test_the_prediction_drafts_before_the_edits_only_when_it_is_the_more_confide
     assert ahead_of_edits("prediction-run", "edit-step")
     assert not ahead_of_edits("prediction-run", "edit-run")  # a tie: the edits
     assert not ahead_of_edits("prediction-step", "edit-new")
+
+
+def test_a_prediction_that_proposes_what_the_edits_do_is_left_out() -> None:
+    """The prompt quotes the predicted code: once the edits follow it too, their proposal (the
+    same tokens) goes under their own kind, budgeted as without the prediction; where the
+    prediction says something else, it is a candidate of its own."""
+    assert not adds_to([13, 14], [13, 14, 15]) and not adds_to([], [1])
+    assert adds_to([13, 14], []) and adds_to([13, 99], [13, 14])
+    code = list(range(10, 30))
+    prompt = [1, 2, *code, 3, 4]
+    drafter = NgramDrafter(64)
+    drafter.predict(code)
+    drafter.prefill(prompt[:-1])
+    rng = np.random.default_rng(0)
+    # the prediction follows from the reply's first token, the edits from its third: the
+    # prediction's cursor is the more confident, but it proposes the same tokens
+    reply = code[:6]
+    proposal = drafter.propose(prompt + reply, DraftBudget.uniform(4), SamplingParams(0.0), rng)
+    assert proposal.tokens == code[6:10] and proposal.source.startswith("edit")
+    changed = NgramDrafter(64)
+    changed.predict([*code[:6], 77, 78, 79, 80])  # the prediction goes on differently
+    changed.prefill(prompt[:-1])
+    changed.sync(prompt + reply, score=False)
+    edits_held_back = DraftBudget({proposal.source: 0}, 4)  # the edits' kind may not draft
+    assert changed.choose(edits_held_back) == ([77, 78, 79, 80], "prediction-run")

@@ -22,8 +22,9 @@ comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the hist
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
 source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
-given a predicted output (``predict``: ``chatapp.drafters.prediction``), which comes first when
-the edits propose nothing or its cursor is the more confident, else just before the lookup.
+given a predicted output (``predict``: ``chatapp.drafters.prediction``), left out where it
+proposes what the edits do, else first when the edits propose nothing or its cursor is the more
+confident, else just before the lookup.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
 draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_RUN, EditTracker
-from chatapp.drafters.prediction import PredictionSource, ahead_of_edits
+from chatapp.drafters.prediction import PredictionSource, adds_to, ahead_of_edits
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
@@ -242,6 +243,8 @@ class NgramDrafter:
     def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
         predicted = self.prediction_search(k)
         edit = self._edit_search(k)
+        if not adds_to(predicted[0], edit[0]):
+            predicted = ([], "")
         early = bool(predicted[0]) and ahead_of_edits(predicted[1], edit[1] if edit[0] else "")
         if early:
             yield predicted

@@ -15,8 +15,9 @@ shadow scores give it a budget of 0.
 
 ``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
 ``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
-too (the code to edit), which the speculative edits already follow: ``ahead_of_edits`` lets the
-prediction draft first only where its cursor is the more confident of the two.
+too (the code to edit), which the speculative edits already follow: a proposal the same as the
+edits' is left out (``adds_to``), and ``ahead_of_edits`` lets the prediction draft first only where
+its cursor is the more confident of the two.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ def is_prediction_kind(kind: str) -> bool:
 
 def _confidence(kind: str) -> int:
     return _CONFIDENCE.get(kind.partition("-")[2], 0)
+
+
+def adds_to(predicted: Sequence[int], edit: Sequence[int]) -> bool:
+    """Whether the prediction's proposal ``predicted`` says something the speculative edits'
+    ``edit`` does not: it is not empty, and the edits propose nothing or another continuation
+    (one of the two not a prefix of the other). Where they agree, the edits' proposal stands
+    under the edits' own kind, so the same tokens are budgeted as they would be without the
+    prediction."""
+    n = min(len(predicted), len(edit))
+    return bool(predicted) and (not edit or list(predicted[:n]) != list(edit[:n]))
 
 
 def ahead_of_edits(predicted: str, edit: str) -> bool:

@@ -10,9 +10,10 @@ Separate servers, because each keeps an in-memory suffix index over what it serv
 server the second request of a prompt would draft from the first one's reply. The tool starts
 the three servers itself for every round (``python -m chatapp.cli serve --temperature 0 --seed 0``
 plus ``--server-args``; loading is not timed), sends every prompt once to each, one request at a
-time, and stops them; so no round drafts from another's replies. The requests are greedy
-(temperature 0, seed 0). Per prompt it prints the tokens, the decode speed of each server (the
-server's ``specchat.decode_tokens_per_s``: prompt processing excluded; the median over the
+time (with and without the prediction in turn, their order swapped every prompt and round;
+target-only last), and stops them; so no round drafts from another's replies. The requests are
+greedy (temperature 0, seed 0). Per prompt it prints the tokens, the decode speed of each server
+(the server's ``specchat.decode_tokens_per_s``: prompt processing excluded; the median over the
 rounds), the ratio with / without, the speed-ups over target-only, the prediction tokens accepted
 and rejected, and the tokens per target call; then the geometric means, and whether the replies
 were equal (with and without the prediction they must be: a prediction can make a reply faster,
@@ -111,14 +112,24 @@ def _ratio(speed: float, reference: float) -> float:
 
 
 def measure_round(urls: tuple[str, str, str], prompts: Sequence[BenchPrompt],
-                  results: Sequence[PromptResult], max_tokens: int) -> None:
+                  results: Sequence[PromptResult], max_tokens: int, round_index: int = 0) -> None:
     """Each prompt once to each server, ``urls`` = (without, with the prediction, target-only);
-    the replies go to ``results`` (one per prompt)."""
+    the replies go to ``results`` (one per prompt). The requests with and without the prediction
+    swap places from one prompt to the next and from one round to the next (the first of a pair
+    follows another process's request), target-only last."""
     plain_url, predicted_url, target_url = urls
-    for prompt, result in zip(prompts, results, strict=True):
-        result.without.append(complete(plain_url, prompt.text, max_tokens, None))
-        result.with_prediction.append(complete(predicted_url, prompt.text, max_tokens,
-                                               original_code(prompt.text)))
+    for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        def without() -> None:
+            result.without.append(complete(plain_url, prompt.text, max_tokens, None))
+
+        def with_prediction() -> None:
+            result.with_prediction.append(complete(predicted_url, prompt.text, max_tokens,
+                                                   original_code(prompt.text)))
+
+        pair = (without, with_prediction) if (index + round_index) % 2 == 0 else (
+            with_prediction, without)
+        for request in pair:
+            request()
         result.target_only.append(complete(target_url, prompt.text, max_tokens, None))
 
 
@@ -128,12 +139,12 @@ def measure(prompts: Sequence[BenchPrompt], max_tokens: int, rounds: int,
     """``rounds`` rounds over fresh servers (``serve`` + ``server_args``: the command, without
     the port), then the table on ``out``; the results in prompt order."""
     results = [PromptResult([], [], []) for _ in prompts]
-    for _ in range(rounds):
+    for round_index in range(rounds):
         with ServeProcess([*serve, *server_args]) as plain, \
                 ServeProcess([*serve, *server_args]) as predicted, \
                 ServeProcess([*serve, *server_args, "-k", "0"]) as target:
             measure_round((plain.base_url, predicted.base_url, target.base_url), prompts,
-                          results, max_tokens)
+                          results, max_tokens, round_index)
     print_table(prompts, results, max_tokens, out)
     return results
 

@@ -48,8 +48,9 @@ def supervised(run: Callable[[], int]) -> int:
         _log_faults_to(crash_log_path())
         return run()
     terminal = _save_terminal()
-    # Held back over the fork, so none arrives before the parent can pass it on.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    # Held back over the fork, so none arrives before the parent can pass it on (SIGINT too:
+    # before its handler is in, it would raise KeyboardInterrupt in the parent).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, (*FORWARDED_SIGNALS, signal.SIGINT))
     pid = os.fork()
     if pid == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)

@@ -23,6 +23,7 @@ from chatapp.engine.contracts import DraftPolicy
 from chatapp.engine.events import Event, StepEvent
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config
+from chatapp.tui.screens import SettingsScreen
 
 
 class TuiFakeClock:
@@ -209,3 +210,12 @@ def folder(tmp_path: Path) -> Path:
     (where / "src").mkdir(parents=True)
     (where / "src" / "add.py").write_text(ADD_PY)
     return where
+
+
+async def open_settings(pilot) -> SettingsScreen:
+    """Press F4 and return the settings screen it opened."""
+    await pilot.press("f4")
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, SettingsScreen)
+    return screen

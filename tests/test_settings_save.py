@@ -14,7 +14,7 @@ from textual.widgets import Input, TextArea
 from chatapp.cli import build_parser, load_settings
 from chatapp.settings.config import load_config
 from chatapp.tui.screens import SettingsScreen
-from tests.conftest import ready
+from tests.conftest import open_settings, ready
 
 SIZE = (120, 40)
 PROMPT = 'Be "brief".\nUse C:\\paths — ünïcode too.'
@@ -22,14 +22,6 @@ PROMPT = 'Be "brief".\nUse C:\\paths — ünïcode too.'
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-async def _open_settings(pilot) -> SettingsScreen:
-    await pilot.press("f4")
-    await pilot.pause()
-    screen = pilot.app.screen
-    assert isinstance(screen, SettingsScreen)
-    return screen
 
 
 def _type_changes(screen: SettingsScreen) -> None:
@@ -48,7 +40,7 @@ async def test_save_as_defaults_writes_a_new_file_that_the_next_start_reads(tui_
     app = tui_make_app(config_path=path)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        screen = await _open_settings(pilot)
+        screen = await open_settings(pilot)
         _type_changes(screen)
         screen.query_one("#set-system_prompt", TextArea).focus()  # F8 works from the text box
         await pilot.press("f8")
@@ -76,7 +68,7 @@ async def test_save_as_defaults_writes_a_new_file_that_the_next_start_reads(tui_
     async with second.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert second.chat.session.settings.sampling.temperature == 0.7
-        screen = await _open_settings(pilot)
+        screen = await open_settings(pilot)
         assert screen.query_one("#set-temperature", Input).value == "0.7"
         assert screen.query_one("#set-system_prompt", TextArea).text == PROMPT
 
@@ -95,7 +87,7 @@ async def test_save_as_defaults_keeps_a_hand_edited_files_comments(tui_make_app,
     app = tui_make_app(config=load_config(path), config_path=path)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        screen = await _open_settings(pilot)
+        screen = await open_settings(pilot)
         _type_changes(screen)
         await pilot.click("#settings-save-defaults")
         await pilot.pause()
@@ -132,7 +124,7 @@ async def test_a_failed_save_is_shown_in_the_dialog_which_stays_open(tui_make_ap
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         before = app.config
-        screen = await _open_settings(pilot)
+        screen = await open_settings(pilot)
         _type_changes(screen)
         await pilot.press("alt+s")
         await pilot.pause()
@@ -159,7 +151,7 @@ async def test_an_invalid_value_is_not_saved(tui_make_app, tmp_path):
     app = tui_make_app(config_path=path)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        screen = await _open_settings(pilot)
+        screen = await open_settings(pilot)
         screen.query_one("#set-top_p", Input).value = "2"
         await pilot.press("f8")
         await pilot.pause()

@@ -11,10 +11,9 @@ from textual.widgets import Input, Select, TextArea
 
 from chatapp.settings.config import Config, load_config
 from chatapp.settings.presets import BUILTIN_PRESETS, CODE_PROMPT, Preset
-from chatapp.tui.screens import SettingsScreen
 from chatapp.tui.widgets import MessageView, Note
 from tests.conftest import ADD_PY as CODE
-from tests.conftest import ready, reply_done, send, tui_fake_factory, wait_for
+from tests.conftest import open_settings, ready, reply_done, send, tui_fake_factory, wait_for
 
 SIZE = (120, 40)
 
@@ -49,10 +48,7 @@ async def test_choosing_a_preset_in_settings_fills_its_fields_and_applies_it(tui
     app = tui_make_app(factory(), config_path=tmp_path / "config.toml")
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("f4")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, SettingsScreen)
+        screen = await open_settings(pilot)
         assert screen.query_one("#set-preset", Select).value == ""
         screen.query_one("#set-max_tokens", Input).value = "77"  # a field no preset sets
         screen.query_one("#set-preset", Select).value = "chat"

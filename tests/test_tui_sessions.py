@@ -16,6 +16,7 @@ from chatapp.tui.screens import HelpScreen, SettingsScreen, key_label
 from chatapp.tui.widgets import Note
 from tests.conftest import (
     keys,
+    open_settings,
     ready,
     reply_done,
     send,
@@ -56,10 +57,7 @@ async def test_settings_change_sampling_and_k(tui_make_app):
     app = tui_make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("f4")
-        await pilot.pause()
-        screen = app.screen
-        assert isinstance(screen, SettingsScreen)
+        screen = await open_settings(pilot)
         screen.query_one("#set-temperature").value = "0.7"
         screen.query_one("#set-draft_length").value = "5"
         screen.query_one("#set-system_prompt").text = "Be brief."

@@ -136,7 +136,8 @@ class EditTracker:
 
     def follow_from(self, pos: int) -> None:
         """Expect the sequence to go on from ``pos`` (``chatapp.drafters.prediction``)."""
-        self._cursor, self._lost, self._rejoined, self._candidate = _Cursor(pos), None, None, None
+        self.unfollow()
+        self._cursor = _Cursor(pos)
 
     # -- proposing ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 
 from chatapp.chat.loader import make_policy
 from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
-from chatapp.policy.auto import AutoDraftLength
+from chatapp.policy.auto import PRIOR_ACCEPTANCE, AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
 from chatapp.policy.source_arm import SourceArm
 from chatapp.settings.config import Config
@@ -232,6 +232,24 @@ def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:
         k = min(asked(policy, "ngram"), 8)
         report(policy, k, k, 0.0, CPU_VERIFY[k + 1], "ngram", (ShadowScore("ngram", 8, 8),))
     assert policy.current_k("ngram") >= 4
+
+
+def test_a_new_reply_keeps_what_was_learnt_of_predictions_only() -> None:
+    # Free sources relearn every reply (the next one may be prose); a predicted output is the
+    # client's word on the reply, as it was on the last: at a new reply its kinds keep drafting
+    # long where the edits' start again from the prior.
+    policy = AutoDraftLength(explore_steps=0)
+    report(policy, 0, 0, 0.0, 0.050)
+    scores = tuple(ShadowScore(kind, 16, 16) for kind in ("edit-run", "prediction-run")
+                   for _ in range(20))
+    report(policy, 15, 15, 0.0, 0.100, "edit-run", scores)
+    assert policy.current_k("edit-run") == policy.current_k("prediction-run") >= 8
+    before = policy.acceptance("prediction-run")
+    policy.start_turn()
+    assert policy.acceptance("edit-run")[0] == pytest.approx(PRIOR_ACCEPTANCE)
+    assert policy.acceptance("prediction-run")[0] > 0.85 * before[0]
+    budget = policy.budget()
+    assert budget.for_source("prediction-run") > budget.for_source("edit-run")
 
 
 def test_kinds_keep_their_own_statistics() -> None:

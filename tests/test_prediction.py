@@ -12,7 +12,7 @@ from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
 from chatapp.drafters.prediction import (
     PredictionSource,
-    adds_to,
+    agree,
     ahead_of_edits,
     is_prediction_kind,
 )
@@ -105,26 +105,29 @@ def test_the_prediction_drafts_before_the_edits_only_when_it_is_the_more_confide
     assert not ahead_of_edits("prediction-step", "edit-new")
 
 
-def test_a_prediction_that_proposes_what_the_edits_do_is_left_out() -> None:
-    """The prompt quotes the predicted code: once the edits follow it too, their proposal (the
-    same tokens) goes under their own kind, budgeted as without the prediction; where the
-    prediction says something else, it is a candidate of its own."""
-    assert not adds_to([13, 14], [13, 14, 15]) and not adds_to([], [1])
-    assert adds_to([13, 14], []) and adds_to([13, 99], [13, 14])
+def test_a_prediction_that_proposes_what_the_edits_do_goes_under_the_kind_trusted_most() -> None:
+    """The prompt quotes the predicted code: once the edits follow it too, the two propose the
+    same tokens, one proposal cut to the larger of the two kinds' budgets and drafted under that
+    kind; where the prediction says something else, it is a candidate of its own."""
+    assert agree([13, 14], [13, 14, 15]) and agree([13, 14, 15], [13])
+    assert not agree([], [1]) and not agree([13, 14], []) and not agree([13, 99], [13, 14])
     code = list(range(10, 30))
     prompt = [1, 2, *code, 3, 4]
     drafter = NgramDrafter(64)
     drafter.predict(code)
     drafter.prefill(prompt[:-1])
-    rng = np.random.default_rng(0)
-    # the prediction follows from the reply's first token, the edits from its third: the
-    # prediction's cursor is the more confident, but it proposes the same tokens
-    reply = code[:6]
-    proposal = drafter.propose(prompt + reply, DraftBudget.uniform(4), SamplingParams(0.0), rng)
-    assert proposal.tokens == code[6:10] and proposal.source.startswith("edit")
+    reply = code[:6]  # the prediction follows from the reply's first token, the edits from later
+    drafter.sync(prompt + reply, score=False)
+    edit_kind = drafter._edit_search(4)[1]
+    prediction_kind = drafter.prediction_search(4)[1]
+    assert edit_kind.startswith("edit") and is_prediction_kind(prediction_kind)
+    trusted = DraftBudget({edit_kind: 2, prediction_kind: 4})
+    assert drafter.choose(trusted) == (code[6:10], prediction_kind)
+    trusted = DraftBudget({edit_kind: 3, prediction_kind: 1})
+    assert drafter.choose(trusted) == (code[6:9], edit_kind)
     changed = NgramDrafter(64)
     changed.predict([*code[:6], 77, 78, 79, 80])  # the prediction goes on differently
     changed.prefill(prompt[:-1])
     changed.sync(prompt + reply, score=False)
-    edits_held_back = DraftBudget({proposal.source: 0}, 4)  # the edits' kind may not draft
+    edits_held_back = DraftBudget({edit_kind: 0}, 4)  # the edits' kind may not draft
     assert changed.choose(edits_held_back) == ([77, 78, 79, 80], "prediction-run")

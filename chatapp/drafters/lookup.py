@@ -22,9 +22,10 @@ comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the hist
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
 source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
-given a predicted output (``predict``: ``chatapp.drafters.prediction``), left out where it
-proposes what the edits do, else first when the edits propose nothing or its cursor is the more
-confident, else just before the lookup.
+given a predicted output (``predict``: ``chatapp.drafters.prediction``): where it proposes what
+the edits do, the two are one proposal, budgeted under whichever of their kinds has the larger
+budget; else it comes first when the edits propose nothing or its cursor is the more confident,
+else just before the lookup.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
 draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_RUN, EditTracker
-from chatapp.drafters.prediction import PredictionSource, adds_to, ahead_of_edits
+from chatapp.drafters.prediction import PredictionSource, agree, ahead_of_edits
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
@@ -119,6 +120,7 @@ class NgramIndex:
 
 
 Search = Callable[[int], tuple[list[int], str]]  # up to k tokens and their kind
+Candidate = tuple[list[int], tuple[str, ...]]  # a proposal and the kinds of the sources making it
 
 
 class ShadowReplay:
@@ -218,9 +220,11 @@ class NgramDrafter:
         return self.proposal(*self.choose(budget))
 
     def choose(self, budget: DraftBudget) -> tuple[list[int], str]:
-        """The proposal to draft after the last ``sync`` and its kind: the first source (see the
-        module docstring for the order) with a proposal and a budget above 0, cut to it."""
-        for tokens, kind in self._candidates(budget.most):
+        """The proposal to draft after the last ``sync`` and its kind: the first candidate (see
+        the module docstring for the order) with a budget above 0, cut to it; a candidate that
+        several sources make goes under the kind with the largest budget."""
+        for tokens, kinds in self._candidates(budget.most):
+            kind = max(kinds, key=budget.for_source)
             tokens = tokens[:budget.for_source(kind)]
             if tokens:
                 return tokens, kind
@@ -238,26 +242,30 @@ class NgramDrafter:
     def search(self, k: int) -> tuple[list[int], str]:
         """Up to ``k`` tokens continuing the context of the last ``sync`` from the first source
         that has a proposal, and their kind."""
-        return next(self._candidates(k), ([], self.kind))
+        tokens, kinds = next(self._candidates(k), ([], (self.kind,)))
+        return tokens, kinds[0]
 
-    def _candidates(self, k: int) -> Iterator[tuple[list[int], str]]:
-        predicted = self.prediction_search(k)
-        edit = self._edit_search(k)
-        if not adds_to(predicted[0], edit[0]):
+    def _candidates(self, k: int) -> Iterator[Candidate]:
+        predicted, edit = self.prediction_search(k), self._edit_search(k)
+        edit_kinds: tuple[str, ...] = (edit[1],)
+        if agree(predicted[0], edit[0]):
+            edit_kinds += (predicted[1],)
+            edit = (max(edit[0], predicted[0], key=len), edit[1])
             predicted = ([], "")
         early = bool(predicted[0]) and ahead_of_edits(predicted[1], edit[1] if edit[0] else "")
         if early:
-            yield predicted
+            yield predicted[0], (predicted[1],)
         suffix = self.suffix_search(k)
         first = suffix[1] == SUFFIX_LONG and not edit[1].startswith(EDIT_RUN)  # else edits first
-        for tokens, kind in ((suffix, edit) if first else (edit, suffix)):
+        ordered = [(suffix[0], (suffix[1],)), (edit[0], edit_kinds)]
+        for tokens, kinds in (ordered if first else ordered[::-1]):
             if tokens:
-                yield tokens, kind
+                yield tokens, kinds
         if predicted[0] and not early:
-            yield predicted
+            yield predicted[0], (predicted[1],)
         tokens, kind = self.lookup(k)
         if tokens:
-            yield tokens, kind
+            yield tokens, (kind,)
 
     def _edit_search(self, k: int) -> tuple[list[int], str]:
         """The edit tracker's proposal (none without ``edits``)."""

@@ -15,9 +15,12 @@ shadow scores give it a budget of 0.
 
 ``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
 ``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
-too (the code to edit), which the speculative edits already follow: a proposal the same as the
-edits' is left out (``adds_to``), and ``ahead_of_edits`` lets the prediction draft first only where
-its cursor is the more confident of the two.
+too (the code to edit), which the speculative edits already follow: where the two propose the same
+continuation (``agree``) it is one proposal, budgeted under whichever of the two kinds the policy
+trusts with more tokens (the prediction's kinds are the family ``PREDICTION_SOURCE``, whose
+acceptance a policy carries from one predicted reply to the next, while the edits' is relearnt
+every reply); where they differ, ``ahead_of_edits`` lets the prediction draft first only where its
+cursor is the more confident of the two.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
+from chatapp.engine.contracts import PREDICTION_SOURCE, source_family
 
-PREDICTION_KIND = "prediction"
+PREDICTION_KIND = PREDICTION_SOURCE
 # How confident a cursor's proposal is, by its kind after the family ("run-long": a long run
 # since its last re-join); other kinds ("step": a guess after a divergence) rank 0.
 _CONFIDENCE = {"run-long": 3, "run": 2, "line": 1, "new": 1}
@@ -70,21 +74,18 @@ class PredictionSource:
 
 def is_prediction_kind(kind: str) -> bool:
     """Whether a proposal of ``kind`` came from a prediction."""
-    return kind.split("-", 1)[0] == PREDICTION_KIND
+    return source_family(kind) == PREDICTION_KIND
 
 
 def _confidence(kind: str) -> int:
     return _CONFIDENCE.get(kind.partition("-")[2], 0)
 
 
-def adds_to(predicted: Sequence[int], edit: Sequence[int]) -> bool:
-    """Whether the prediction's proposal ``predicted`` says something the speculative edits'
-    ``edit`` does not: it is not empty, and the edits propose nothing or another continuation
-    (one of the two not a prefix of the other). Where they agree, the edits' proposal stands
-    under the edits' own kind, so the same tokens are budgeted as they would be without the
-    prediction."""
+def agree(predicted: Sequence[int], edit: Sequence[int]) -> bool:
+    """Whether the prediction's proposal ``predicted`` and the speculative edits' ``edit`` are the
+    same continuation: neither is empty and one is a prefix of the other."""
     n = min(len(predicted), len(edit))
-    return bool(predicted) and (not edit or list(predicted[:n]) != list(edit[:n]))
+    return n > 0 and list(predicted[:n]) == list(edit[:n])
 
 
 def ahead_of_edits(predicted: str, edit: str) -> bool:

@@ -24,11 +24,19 @@ import numpy as np
 from chatapp.engine.sampling import SamplingParams
 
 MODEL_SOURCE = "model"  # the draft model's proposals
+PREDICTION_SOURCE = "prediction"  # the family of proposals from a reply's predicted output (an API
+# client's ``prediction``): the client speaks for the reply, so a policy may carry what it learnt
+# of them from one reply with a prediction to the next (other free sources start each reply anew)
 LONGEST_FREE_DRAFT = 16  # the longest draft of a source that costs nothing to ask (a lookup, the
 # edits, the suffix index), and how far ahead such a source scores itself. On the 2-core CPU of
 # docs/benchmarks.md verifying 16 tokens costs about 7.5 decode steps, less than 15 or 17
 # (llama.cpp's batched kernels work in blocks). 32 (13 steps there) was measured no better on the
 # code-edit prompts and cost 4-6% in the policy simulation (tests/test_auto_simulation.py).
+
+
+def source_family(kind: str) -> str:
+    """The family of a source's ``kind``: its name before the first "-" ("edit-run" -> "edit")."""
+    return kind.split("-", 1)[0]
 
 
 @dataclass(frozen=True)

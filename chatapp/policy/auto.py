@@ -15,10 +15,12 @@ from typing import Any
 from chatapp.engine.contracts import (
     LONGEST_FREE_DRAFT,
     MODEL_SOURCE,
+    PREDICTION_SOURCE,
     DraftBudget,
     ShadowScore,
     StepOutcome,
     checked_draft_length,
+    source_family,
 )
 from chatapp.policy.source_arm import SourceArm
 from chatapp.policy.verify_cost import VerifyCostModel
@@ -175,12 +177,14 @@ class AutoDraftLength:
 
     def start_turn(self) -> None:
         """A new reply: the acceptance learnt before counts ``FREE_TURN_FORGET`` as much for a
-        source that scores itself for free and ``TURN_FORGET`` for the draft model (another
-        prompt may be another kind of text: estimates learnt on code must give way at once on
-        prose; the costs, the machine's, are kept)."""
+        source that scores itself for free and ``TURN_FORGET`` for the draft model and for a
+        reply's predicted output (another prompt may be another kind of text: estimates learnt on
+        code must give way at once on prose; a prediction is the client's word on the reply, as
+        it was on the last one; the costs, the machine's, are kept)."""
         with self._lock:
-            for arm in self._arms.values():
-                weight = FREE_TURN_FORGET if arm.shadowed else TURN_FORGET
+            for kind, arm in self._arms.items():
+                kept = not arm.shadowed or source_family(kind) == PREDICTION_SOURCE
+                weight = TURN_FORGET if kept else FREE_TURN_FORGET
                 arm.verified = [weight * v for v in arm.verified]
                 arm.accepted = [weight * a for a in arm.accepted]
 

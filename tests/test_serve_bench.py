@@ -66,13 +66,23 @@ def test_the_prediction_measurement_sends_each_edit_three_ways(fake_commands) ->
     assert len(results) == len(rows) == 2
     for result in results:
         assert len(result.without) == len(result.with_prediction) == len(result.target_only) == 2
-        assert result.same_replies and result.ratio > 0 and result.speedup(result.without) > 0
+        assert result.equal_rounds == 2 and result.ratio > 0 and result.speedup(result.without) > 0
         assert all(reply.tokens_per_target_call == 1.0 for reply in result.target_only)
         assert all(reply.accepted_prediction + reply.rejected_prediction > 0
                    for reply in result.with_prediction)
-    assert all(row.endswith("| yes |") for row in rows), out.getvalue()
+    assert all(row.endswith("| 2 of 2 |") for row in rows), out.getvalue()
     assert "median of 2 rounds" in out.getvalue()
     assert "Speed-up over target-only with the prediction" in out.getvalue()
+
+
+def test_a_wrong_prediction_is_another_prompts_code() -> None:
+    from chatapp.bench import serve_prediction
+
+    prompts = select_prompts(load_prompts(), "edit-rename,edit-fstring,edit-logging")
+    right = serve_prediction.predictions(prompts)
+    assert right == [serve_prediction.original_code(prompt.text) for prompt in prompts]
+    assert serve_prediction.predictions(prompts, wrong=True) == [right[1], right[2], right[0]]
+    assert serve_prediction.main(["--wrong", "--prompts", "edit-rename"]) == 2
 
 
 def test_the_overhead_summary_states_the_targets() -> None:

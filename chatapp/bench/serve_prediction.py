@@ -4,7 +4,7 @@
 ratio with / without and the speed-ups over target-only:
 
     python -m chatapp.bench.serve_prediction [--rounds 3] [--prompts code-edit]
-        [--max-tokens 128] [--server-args "MODEL OPTIONS"]
+        [--max-tokens 128] [--server-args "MODEL OPTIONS"] [--wrong]
 
 Separate servers, because each keeps an in-memory suffix index over what it served: with one
 server the second request of a prompt would draft from the first one's reply. The tool starts
@@ -15,10 +15,12 @@ target-only last), and stops them; so no round drafts from another's replies. Th
 greedy (temperature 0, seed 0). Per prompt it prints the tokens, the decode speed of each server
 (the server's ``specchat.decode_tokens_per_s``: prompt processing excluded; the median over the
 rounds), the ratio with / without, the speed-ups over target-only, the prediction tokens accepted
-and rejected, and the tokens per target call; then the geometric means, and whether the replies
-were equal (with and without the prediction they must be: a prediction can make a reply faster,
-never different; target-only replies may part at a greedy near-tie, batched against one-token
-arithmetic).
+and rejected, the tokens per target call, and in how many rounds the replies with and without the
+prediction were equal; then the geometric means. A prediction can make a reply faster, never
+change what it is drawn from, but a greedy reply may part at a near-tie between two tokens when
+the draft lengths change (llama.cpp's batched arithmetic differs slightly from its one-token
+arithmetic), as target-only replies may. ``--wrong`` sends each prompt the next prompt's code as
+its prediction instead (the last prompt the first's): what a wrong prediction costs.
 """
 
 from __future__ import annotations
@@ -98,9 +100,10 @@ class PromptResult:
         return _ratio(self.speed(replies), self.speed(self.target_only))
 
     @property
-    def same_replies(self) -> bool:
-        """Whether the replies with and without the prediction were all equal."""
-        return len({reply.text for reply in self.without + self.with_prediction}) == 1
+    def equal_rounds(self) -> int:
+        """In how many rounds the replies with and without the prediction were equal."""
+        return sum(plain.text == predicted.text
+                   for plain, predicted in zip(self.without, self.with_prediction))
 
     @property
     def target_only_agrees(self) -> bool:
@@ -111,20 +114,29 @@ def _ratio(speed: float, reference: float) -> float:
     return speed / reference if reference else 0.0
 
 
+def predictions(prompts: Sequence[BenchPrompt], wrong: bool = False) -> list[str]:
+    """The prediction sent with each prompt: the code it quotes, or with ``wrong`` the next
+    prompt's (the last prompt's: the first's)."""
+    codes = [original_code(prompt.text) for prompt in prompts]
+    return codes[1:] + codes[:1] if wrong else codes
+
+
 def measure_round(urls: tuple[str, str, str], prompts: Sequence[BenchPrompt],
-                  results: Sequence[PromptResult], max_tokens: int, round_index: int = 0) -> None:
-    """Each prompt once to each server, ``urls`` = (without, with the prediction, target-only);
-    the replies go to ``results`` (one per prompt). The requests with and without the prediction
-    swap places from one prompt to the next and from one round to the next (the first of a pair
-    follows another process's request), target-only last."""
+                  predicted: Sequence[str], results: Sequence[PromptResult], max_tokens: int,
+                  round_index: int = 0) -> None:
+    """Each prompt once to each server, ``urls`` = (without, with its ``predicted`` text as the
+    prediction, target-only); the replies go to ``results`` (one per prompt). The requests with
+    and without the prediction swap places from one prompt to the next and from one round to the
+    next (the first of a pair follows another process's request), target-only last."""
     plain_url, predicted_url, target_url = urls
-    for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+    for index, (prompt, prediction, result) in enumerate(
+            zip(prompts, predicted, results, strict=True)):
         def without() -> None:
             result.without.append(complete(plain_url, prompt.text, max_tokens, None))
 
         def with_prediction() -> None:
             result.with_prediction.append(complete(predicted_url, prompt.text, max_tokens,
-                                                   original_code(prompt.text)))
+                                                   prediction))
 
         pair = (without, with_prediction) if (index + round_index) % 2 == 0 else (
             with_prediction, without)
@@ -135,16 +147,18 @@ def measure_round(urls: tuple[str, str, str], prompts: Sequence[BenchPrompt],
 
 def measure(prompts: Sequence[BenchPrompt], max_tokens: int, rounds: int,
             server_args: Sequence[str], out: TextIO,
-            serve: Sequence[str] = tuple(SERVE)) -> list[PromptResult]:
+            serve: Sequence[str] = tuple(SERVE), wrong: bool = False) -> list[PromptResult]:
     """``rounds`` rounds over fresh servers (``serve`` + ``server_args``: the command, without
-    the port), then the table on ``out``; the results in prompt order."""
+    the port), then the table on ``out``; the results in prompt order. ``wrong``: see
+    ``predictions``."""
+    predicted = predictions(prompts, wrong)
     results = [PromptResult([], [], []) for _ in prompts]
     for round_index in range(rounds):
         with ServeProcess([*serve, *server_args]) as plain, \
-                ServeProcess([*serve, *server_args]) as predicted, \
+                ServeProcess([*serve, *server_args]) as predicted_server, \
                 ServeProcess([*serve, *server_args, "-k", "0"]) as target:
-            measure_round((plain.base_url, predicted.base_url, target.base_url), prompts,
-                          results, max_tokens, round_index)
+            measure_round((plain.base_url, predicted_server.base_url, target.base_url),
+                          prompts, predicted, results, max_tokens, round_index)
     print_table(prompts, results, max_tokens, out)
     return results
 
@@ -154,7 +168,8 @@ def print_table(prompts: Sequence[BenchPrompt], results: Sequence[PromptResult],
     """The Markdown table of ``results`` and its summary lines."""
     print("| prompt | tokens | tok/s target-only | tok/s without | tok/s with | with / without "
           "| speed-up without / with | accepted / rejected prediction tokens "
-          "| tokens per target call without / with | same reply with / without |", file=out)
+          "| tokens per target call without / with | rounds with the same reply with / without |",
+          file=out)
     print("|---|---|---|---|---|---|---|---|---|---|", file=out)
     for prompt, result in zip(prompts, results, strict=True):
         plain, predicted = result.without[-1], result.with_prediction[-1]
@@ -165,7 +180,7 @@ def print_table(prompts: Sequence[BenchPrompt], results: Sequence[PromptResult],
               f"{result.speedup(result.with_prediction):.2f}x | "
               f"{predicted.accepted_prediction} / {predicted.rejected_prediction} | "
               f"{plain.tokens_per_target_call:.2f} / {predicted.tokens_per_target_call:.2f} | "
-              f"{'yes' if result.same_replies else 'NO'} |", file=out)
+              f"{result.equal_rounds} of {len(result.without)} |", file=out)
     rounds = len(results[0].without) if results else 0
     print(f"\nGeometric mean of the ratios with / without: "
           f"{geometric_mean([result.ratio for result in results]):.2f}x "
@@ -191,15 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--server-args", default="", help="model options for the servers, "
                         "quoted as one argument (e.g. \"--target qwen2.5-coder-1.5b\")")
+    parser.add_argument("--wrong", action="store_true",
+                        help="send each prompt the next prompt's code as its prediction")
     args = parser.parse_args(argv)
 
     def measure_all() -> None:
         if min(args.rounds, args.max_tokens) < 1:
             raise ValueError("--rounds and --max-tokens must be at least 1")
         prompts = select_prompts(load_prompts(), args.prompts)
+        if args.wrong and len(prompts) < 2:
+            raise ValueError("--wrong needs at least two prompts (each gets another's code)")
         measure(prompts, args.max_tokens, args.rounds,
                 [*shlex.split(args.server_args), "--max-tokens", str(args.max_tokens)],
-                sys.stdout)
+                sys.stdout, wrong=args.wrong)
 
     return guarded("serve_prediction", measure_all)
 

@@ -39,8 +39,8 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards 
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
 # 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts; positions
 # after a proposal's first rejection forget faster: UNVERIFIED_FORGET in chatapp.policy.source_arm)
-TURN_FORGET = 0.5  # at a new reply, the weight of the acceptance learnt before it of the draft model
-# and of a predicted output (the family PREDICTION_SOURCE)
+TURN_FORGET = 0.5  # at a new reply, the weight of the acceptance learnt before it: the draft
+# model's, and a predicted output's (the family PREDICTION_SOURCE)
 FREE_TURN_FORGET = 0.0  # and of a free source's: its proposals are scored at no cost, so it
 # relearns within a few steps (0.5 kept drafting 15 tokens learnt on code edits on the next prose
 # reply: 0.88x plain decoding there on the bench, and slower edits after prose in simulation)

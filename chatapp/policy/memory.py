@@ -8,7 +8,8 @@ machine, backends, models, drafter and threads measured; ``remember`` writes it 
 The file is ``<user state dir>/auto-policy/<key>.json`` (``~/.local/state/specchat`` on Linux),
 0600 in 0700 folders, written atomically. A file that is missing, unreadable or of another
 version is ignored and a write that fails is skipped: the memory only saves time, so it never
-stops a chat.
+stops a chat. Several processes may share a file (the app and ``specchat serve`` with the same
+pair): a write keeps what the file holds of sources the writing policy never saw.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.user_files import remember_json, state_dir
@@ -41,5 +43,18 @@ def recall(policy: AutoDraftLength, path: Path) -> bool:
 
 
 def remember(policy: AutoDraftLength, path: Path) -> None:
-    """Write ``policy``'s measurements to ``path`` (atomically, 0600); failures are skipped."""
-    remember_json(path, policy.learnt())
+    """Write ``policy``'s measurements to ``path`` (atomically, 0600), with the file's own
+    per-source data of sources ``policy`` has none of (another process's, written since
+    ``policy`` was recalled); failures are skipped."""
+    learnt = policy.learnt()
+    learnt["arms"] = {**_valid_arms(path, policy), **learnt["arms"]}
+    remember_json(path, learnt)
+
+
+def _valid_arms(path: Path, policy: AutoDraftLength) -> dict[str, Any]:
+    """The per-source data in ``path`` if a policy like ``policy`` could resume from the file,
+    else nothing."""
+    probe = AutoDraftLength(policy.max_k, free_max_k=policy.free_max_k)
+    if not recall(probe, path):
+        return {}
+    return probe.learnt()["arms"]

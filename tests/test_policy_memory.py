@@ -15,8 +15,8 @@ import chatapp.chat.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.contracts import MODEL_SOURCE, StepOutcome
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.memory import memory_path, recall, remember
 from chatapp.settings.config import Config

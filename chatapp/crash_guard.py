@@ -9,7 +9,8 @@ finished messages are saved (the history writes each one as it ends), and where 
 are. Termination signals sent to the parent (SIGTERM, SIGHUP, SIGQUIT) are passed on to the child;
 the terminal's own signals reach both already, so a SIGINT is passed on only where it cannot have
 come from the terminal (the parent is not in the terminal's foreground process group, or there is
-no terminal: ``kill -INT`` from a script).
+no terminal: ``kill -INT`` from a script). A SIGINT ignored from the start (a background job of a
+script) stays ignored by the app.
 
 Where ``os.fork`` does not exist, or ``SPECCHAT_NO_SUPERVISOR=1`` is set, ``run`` runs in this
 process with ``faulthandler`` writing to the same log.

@@ -16,9 +16,15 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
 REPO = Path(__file__).parent.parent
 
 
-def supervised(body: str, log: Path, **kwargs) -> subprocess.Popen[str]:
-    """``body`` (Python) as the supervised run of a fresh process."""
-    code = ("import sys\nfrom chatapp.crash_guard import supervised\n"
+def supervised(body: str, log: Path, sigint_ignored: bool = False,
+               **kwargs) -> subprocess.Popen[str]:
+    """``body`` (Python) as the supervised run of a fresh process, Ctrl-C raising
+    KeyboardInterrupt as when started from a terminal, or with ``sigint_ignored`` ignored as in
+    a background job of a script (whatever the tests themselves were started with: a CI may run
+    them as such a job)."""
+    sigint = "signal.SIG_IGN" if sigint_ignored else "signal.default_int_handler"
+    code = ("import signal, sys\nfrom chatapp.crash_guard import supervised\n"
+            f"signal.signal(signal.SIGINT, {sigint})\n"
             "def run():\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
             "sys.exit(supervised(run))\n")
     env = {**os.environ, "SPECCHAT_CRASH_LOG": str(log)}
@@ -77,6 +83,24 @@ def test_a_sigint_sent_to_the_parent_alone_reaches_the_child(tmp_path: Path) -> 
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 5 and marker.exists() and err == ""
+
+
+def test_a_sigint_ignored_from_the_start_stays_ignored(tmp_path: Path) -> None:
+    """A background job of a script starts with SIGINT ignored: the parent does not pass it on,
+    and the app keeps running until told to stop otherwise."""
+    body = ("import time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)")
+    process = supervised(body, tmp_path / "crash.log", sigint_ignored=True,
+                         start_new_session=True)
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=1)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 7 and err == ""
 
 
 def test_sigkill_says_it_is_often_memory() -> None:

@@ -120,6 +120,8 @@ def test_quotes_rules_links_and_a_fence_without_a_language():
 @pytest.mark.parametrize("partial, shown", [
     ("```python\ndef f(", "python\ndef f("),  # an open fence: code so far
     ("```python\nx = 1\n``", "python\nx = 1\n"),  # a closing fence on its way is not code
+    ("```python print(s[::-1])", "python print(s[::-1])"),  # code on the fence's line: shown
+    ("```python app/x.py\nx = 1", "python app/x.py\nx = 1"),  # an attached file's path
     ("some **bold", "some **bold"),  # ** shown as it is until closed
     ("some *it", "some *it"),
     ("some `co", "some `co"),

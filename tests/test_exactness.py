@@ -24,7 +24,7 @@ from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import Drafter, DraftPolicy
+from chatapp.engine.contracts import Drafter, DraftPolicy, source_family
 from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
 from chatapp.engine.kv import evaluate_sequence
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
@@ -106,7 +106,7 @@ def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
                 reply.append(event.id)
                 sources[event.source] += 1
             elif isinstance(event, StepEvent):
-                drafted[(event.source.split("-")[0], event.drafted)] += 1
+                drafted[(source_family(event.source), event.drafted)] += 1
         replies[tuple(reply)] += 1
     return replies, sources, drafted
 

@@ -32,6 +32,7 @@ from chatapp.chat.served import ServedChats
 from chatapp.chat.session import MIN_REPLY_ROOM, ChatSession, fallback_template_note
 from chatapp.chat.stops import Piece, StopScanner
 from chatapp.drafters.combined import predicting_drafter
+from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings
 from chatapp.engine.sampling import SamplingParams
@@ -123,11 +124,6 @@ class ExchangeDone:
 
 
 ExchangeEvent = ExchangeStarted | ReplyDelta | ExchangeDone
-
-
-def source_family(kind: str) -> str:
-    """The family of a proposal's kind: "edit-run-long" -> "edit", "" (plain) -> "target"."""
-    return kind.split("-", 1)[0] if kind else "target"
 
 
 def prediction_overlap(predicted: Sequence[int], reply: Sequence[int]) -> int:

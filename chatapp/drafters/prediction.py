@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
 from chatapp.engine.contracts import PREDICTION_SOURCE, source_family
 
-PREDICTION_KIND = PREDICTION_SOURCE
 # How confident a cursor's proposal is, by its kind after the family ("run-long": a long run
 # since its last re-join); other kinds ("step": a guess after a divergence) rank 0.
 _CONFIDENCE = {"run-long": 3, "run": 2, "line": 1, "new": 1}
@@ -55,10 +54,10 @@ class PredictionSource:
         """Up to ``k`` tokens continuing ``context`` (the prompt, then the reply so far) from the
         prediction, and their kind; nothing before the reply starts."""
         if len(context) < self.reply_start or not self.tokens:
-            return [], PREDICTION_KIND
+            return [], PREDICTION_SOURCE
         self._sync(context)
         tokens, kind = self._tracker.propose(k)
-        return tokens, PREDICTION_KIND + kind[len(EDIT_KIND):]
+        return tokens, PREDICTION_SOURCE + kind[len(EDIT_KIND):]
 
     def _sync(self, context: Sequence[int]) -> None:
         """Feed the tracker the reply tokens of ``context`` it has not seen."""
@@ -74,7 +73,7 @@ class PredictionSource:
 
 def is_prediction_kind(kind: str) -> bool:
     """Whether a proposal of ``kind`` came from a prediction."""
-    return source_family(kind) == PREDICTION_KIND
+    return source_family(kind) == PREDICTION_SOURCE
 
 
 def _confidence(kind: str) -> int:

@@ -35,8 +35,9 @@ LONGEST_FREE_DRAFT = 16  # the longest draft of a source that costs nothing to a
 
 
 def source_family(kind: str) -> str:
-    """The family of a source's ``kind``: its name before the first "-" ("edit-run" -> "edit")."""
-    return kind.split("-", 1)[0]
+    """The family of a proposal's kind: its name before the first "-" ("edit-run-long" ->
+    "edit"); "" (a plain step, nothing drafted) -> "target"."""
+    return kind.split("-", 1)[0] if kind else "target"
 
 
 @dataclass(frozen=True)

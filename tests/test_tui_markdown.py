@@ -69,6 +69,14 @@ def backgrounds(widget: ReplyText) -> set:
     return {text.get_style_at_offset(CONSOLE, i).bgcolor for i in range(len(text))}
 
 
+async def first_reply(pilot, app) -> ReplyText:
+    """Once the app is ready, "x" sent and answered: the reply's text."""
+    await ready(pilot)
+    await send(pilot, "x")
+    await reply_done(pilot)
+    return views(app, "assistant")[0].body
+
+
 async def test_a_markdown_reply_streams_into_the_same_text_as_rendered_at_once(tui_make_app):
     app = tui_make_app(markdown_factory(max_tokens=400, delay_s=0.002))
     async with app.run_test(size=SIZE) as pilot:
@@ -102,10 +110,7 @@ async def test_a_markdown_reply_streams_into_the_same_text_as_rendered_at_once(t
 async def test_f3_turns_the_tints_off_and_on_and_the_legend_says_so(tui_make_app):
     app = tui_make_app(markdown_factory(max_tokens=120))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "x")
-        await reply_done(pilot)
-        reply = views(app, "assistant")[0].body
+        reply = await first_reply(pilot, app)
         legend = app.query_one(Legend)
         tinted, tinted_spans = reply.text.plain, shown(reply)
         tints = {reply.token_style(source).bgcolor for _, source in reply.runs}
@@ -130,10 +135,7 @@ async def test_f3_turns_the_tints_off_and_on_and_the_legend_says_so(tui_make_app
 async def test_a_theme_change_restyles_the_reply(tui_make_app):
     app = tui_make_app(markdown_factory(max_tokens=120))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "x")
-        await reply_done(pilot)
-        reply = views(app, "assistant")[0].body
+        reply = await first_reply(pilot, app)
         dark = backgrounds(reply)
         app.theme = "textual-light" if app.current_theme.dark else "textual-dark"
         await wait_for(pilot, lambda: backgrounds(reply) != dark, what="the new tints")

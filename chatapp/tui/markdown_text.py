@@ -257,8 +257,9 @@ class MarkdownRenderer:
         pieces: list[Piece] = []
         language_start, language_end = fence_language(opening)
         language = opening[language_start:language_end]
-        label = opening[language_start:].rstrip()  # all of the info string: a path, or code
-        if label:  # a model put on the fence's line
+        # the whole info string: what follows the language (code, a file's path) shows too
+        label = opening[language_start:].rstrip()
+        if label:
             pieces.append(Piece(label, block.start + language_start, self.styles.label))
             if source[first_end - 1] == "\n":
                 pieces.append(Piece("\n", first_end - 1))

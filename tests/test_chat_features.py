@@ -184,6 +184,8 @@ async def test_escape_cancels_an_edit_and_gives_back_what_was_typed(tui_make_app
         await keys(pilot, "tab", "home", "e")
         assert app.chat_input.text == "first"
         await keys(pilot, "escape")
+        # a loaded machine may take longer than keys' pause to handle the key
+        await wait_for(pilot, lambda: app.chat_view.editing is None, what="the edit cancelled")
         assert app.chat_view.editing is None and app.chat_input.text == "half a thought"
         assert len(stored(app)) == 2 and app.chat.session.turns[1:] == []
 

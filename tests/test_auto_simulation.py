@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import (
     MODEL_SOURCE,
     DraftBudget,
@@ -223,19 +224,9 @@ def throughputs(machine: Machine, text_of: Callable[[int], Text]
     return auto, fixed
 
 
-# A known weakness, measured: on the sawtooth with the lookup 90% right, the best is the lookup
-# alone at K = 5; auto also lets the draft model draft (K = 3) where its own estimate says it
-# pays a little, but a model step jumps over positions where the lookup would have drafted more
-# cheaply, a cost the policy does not price. 0.86-0.96x of the best over three noise seeds.
-KNOWN_SHORT = {("sawtooth", "iid-0.9")}
-
-
 @pytest.mark.parametrize("text_name", TEXTS)
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)
-def test_auto_reaches_95_percent_of_the_best_fixed_k(machine: Machine, text_name: str,
-                                                     request: pytest.FixtureRequest) -> None:
-    if (machine.name, text_name) in KNOWN_SHORT:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="see KNOWN_SHORT"))
+def test_auto_reaches_95_percent_of_the_best_fixed_k(machine: Machine, text_name: str) -> None:
     auto, fixed = throughputs(machine, TEXTS[text_name])
     best = max(fixed, key=fixed.__getitem__)
     assert auto >= 0.95 * fixed[best], (auto, best, fixed[best])
@@ -290,12 +281,13 @@ def prose_reply_text(seed: int) -> Text:
     return Text(u[0] < 0.3, u[1] < 0.05, u[2] < 0.2)
 
 
-def reply_speedup(policy: DraftPolicy, text: Text, seed: int) -> float:
+def reply_speedup(policy: DraftPolicy, text: Text, seed: int,
+                  machine: Machine = XEON_AMX) -> float:
     """One reply of ``REPLY`` tokens with ``policy`` (told of the new reply first), against
     plain decoding of the same text."""
 
     def rate(chosen: DraftPolicy) -> float:
-        decoder = Decoder(chosen, XEON_AMX, text, seed)
+        decoder = Decoder(chosen, machine, text, seed)
         while decoder.position < REPLY:
             decoder.step()
         return decoder.position / decoder.seconds
@@ -319,3 +311,80 @@ def test_a_prose_reply_after_code_edits_drafts_no_more_than_pays() -> None:
     assert np.exp(np.mean(np.log(prose))) >= 0.97, prose
     assert np.exp(np.mean(np.log(edit_again))) >= 0.95 * np.exp(np.mean(np.log(fresh))), (
         edit_again, fresh)
+
+
+# CPUs without AMX, where verifying a batch is dear and not smooth in its size. The issue-37 AMD
+# EPYC (Zen 3, AVX2 only): ms to verify n tokens through LlamaCppBackend.evaluate, measured at
+# n = 1, 2, 4, 8, 16 (interpolated between, 17 at the 8-16 slope); its Q4_0 draft model 21 ms a
+# token. The 2-core AMD EPYC (family 26, AVX-512) these tests were written on: its calibration
+# (chatapp.engine.calibration) of the shipped Q4_K_M target, draft model 11 ms a token.
+ZEN3_MS = {1: 50.0, 2: 82.0, 4: 122.0, 8: 319.0, 16: 413.0, 17: 424.75}
+EPYC_ZEN3 = Machine("epyc-zen3",
+                    lambda n: float(np.interp(n, list(ZEN3_MS), list(ZEN3_MS.values()))) / 1000,
+                    0.021, 0.25)
+ZEN5_MS = [25.4, 48.8, 66.0, 82.2, 100.4, 114.7, 131.4, 133.5, 147.1, 155.1, 177.4, 164.6, 177.9,
+           188.4, 198.3, 153.7, 188.6]
+EPYC_ZEN5 = Machine("epyc-zen5", lambda n: ZEN5_MS[n - 1] / 1000, 0.0113, 0.25)
+
+
+def new_code_reply_text(seed: int) -> Text:
+    """New code: a lookup match at 30% of positions, 25% right; the model 70% right."""
+    u = np.random.default_rng(seed).random((3, REPLY + PADDING))
+    return Text(u[0] < 0.3, u[1] < 0.25, u[2] < 0.7)
+
+
+def conversation_reply_text(seed: int) -> Text:
+    """A conversational answer: a lookup match at 40% of positions, 30% right; the model 50%."""
+    u = np.random.default_rng(seed).random((3, REPLY + PADDING))
+    return Text(u[0] < 0.4, u[1] < 0.3, u[2] < 0.5)
+
+
+REPLY_CLASSES: dict[str, Callable[[int], Text]] = {
+    "new-code": new_code_reply_text, "prose": prose_reply_text,
+    "conversation": conversation_reply_text, "edit": edit_reply_text,
+}
+
+
+def calibrated(machine: Machine) -> AutoDraftLength:
+    """A fresh policy that knows ``machine``'s costs, as the app's first reply does."""
+    policy = AutoDraftLength()
+    policy.calibrate(Calibration({n: machine.verify(n) for n in range(1, FREE_MAX_K + 2)},
+                                 machine.draft))
+    return policy
+
+
+def geometric_mean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+@pytest.mark.parametrize("reply_class", REPLY_CLASSES)
+@pytest.mark.parametrize("machine", [EPYC_ZEN3, EPYC_ZEN5], ids=lambda m: m.name)
+def test_auto_never_loses_without_amx_fresh_or_learnt(machine: Machine, reply_class: str) -> None:
+    # From the first reply of a fresh policy (the machine's calibration only), and after three
+    # replies of every other class have been learnt: at least 0.97x plain decoding (geometric
+    # mean over five replies of each).
+    make = REPLY_CLASSES[reply_class]
+    fresh = [reply_speedup(calibrated(machine), make(3000 + seed), seed, machine)
+             for seed in range(5)]
+    learnt = []
+    for seed in range(5):
+        policy = calibrated(machine)
+        for other, text in REPLY_CLASSES.items():
+            if other != reply_class:
+                for turn in range(3):
+                    reply_speedup(policy, text(100 * seed + turn), seed, machine)
+        learnt.append(reply_speedup(policy, make(3000 + seed), seed, machine))
+    assert geometric_mean(fresh) >= 0.97, fresh
+    assert geometric_mean(learnt) >= 0.97, learnt
+
+
+@pytest.mark.parametrize("machine", [EPYC_ZEN3, EPYC_ZEN5], ids=lambda m: m.name)
+def test_a_calibrated_policy_never_tries_a_draft_model_that_cannot_pay(machine: Machine) -> None:
+    # On these CPUs verifying 4 tokens costs 2.4-3.2 decode steps: even a draft model right 90%
+    # of the time loses, so a calibrated policy never drafts with it, where an uncalibrated one
+    # explores it first.
+    policy = calibrated(machine)
+    decoder = Decoder(policy, machine, new_code_reply_text(7), seed=1)
+    while decoder.position < REPLY:
+        decoder.step()
+    assert decoder.model_at == 0  # the draft model never drafted (never fed a token)

@@ -19,7 +19,13 @@ from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
-from chatapp.chat.loader import generation_settings, load_backend, make_drafter, make_policy
+from chatapp.chat.loader import (
+    ensure_calibration,
+    generation_settings,
+    load_backend,
+    make_drafter,
+    make_policy,
+)
 from chatapp.chat.turns import k_label
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
@@ -146,8 +152,16 @@ class Bench:
         return SpeculativeEngine(target, drafter), self._policy(spec)
 
     def _policy(self, spec: RunSpec) -> DraftPolicy:
-        length = "0" if spec.drafter is None else ("auto" if spec.k is None else str(spec.k))
-        return make_policy(dataclasses.replace(self.config, draft_length=length))
+        """The spec's policy; an auto policy starts from this machine's calibration for the
+        spec's setup (measured now if none is kept), as in the app: fresh, it has learnt no
+        acceptance."""
+        if spec.drafter is None or spec.k is not None:
+            return make_policy(dataclasses.replace(self.config, draft_length=str(spec.k or 0)))
+        name = spec.drafter.removesuffix(NO_EDITS)
+        config = dataclasses.replace(self.config, drafter=name, draft_length="auto")
+        draft = None if name == "ngram" else self._draft_backend()
+        costs = ensure_calibration(config, self.backends.target, draft, progress_printer(self.log))
+        return make_policy(config, costs)
 
     # -- runs --
 

@@ -27,11 +27,13 @@ from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
+from chatapp.engine import calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine, check_compatible
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
+from chatapp.policy.memory import memory_path, recall_calibration, remember_calibration
 from chatapp.settings.config import Config
 
 LoadProgress = Callable[[str, float | None], None]
@@ -132,12 +134,7 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     if config.drafter == "ngram":
         return ngram
     if draft is None:
-        draft = load_backend(config.draft, "draft", config, progress)
-        try:
-            check_compatible(draft, target)
-        except Exception:
-            draft.close()
-            raise
+        draft = load_draft(config, target, progress)
     else:
         check_compatible(draft, target)
     model = ModelDrafter(draft, deferred=True)
@@ -146,17 +143,65 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     return model
 
 
-def make_policy(config: Config) -> DraftPolicy:
+def make_policy(config: Config, costs: calibration.Calibration | None = None) -> DraftPolicy:
     """A fixed K, or for draft_length "auto" an ``AutoDraftLength`` (it learns each source of the
-    drafter from what the engine reports)."""
+    drafter from what the engine reports), calibrated with ``costs`` if given."""
     if config.fixed_draft_length is not None:
         return FixedDraftLength(config.fixed_draft_length)
-    return AutoDraftLength()
+    policy = AutoDraftLength()
+    if costs is not None:
+        policy.calibrate(costs)
+    return policy
 
 
 def generation_settings(config: Config) -> GenerationSettings:
     sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
     return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
+
+
+def load_draft(config: Config, target: Backend, progress: LoadProgress = _quiet
+               ) -> Backend | None:
+    """The draft model of ``config.drafter`` (None for "ngram"), checked against the target's
+    vocabulary."""
+    if config.drafter == "ngram":
+        return None
+    draft = load_backend(config.draft, "draft", config, progress)
+    try:
+        check_compatible(draft, target)
+    except Exception:
+        draft.close()
+        raise
+    return draft
+
+
+# What the calibration evaluates after: a chat prompt of about 200 tokens, as a reply's steps do.
+CALIBRATION_TEXT = (
+    "Add type hints to this function and keep its behaviour:\n\n"
+    "def merge(intervals):\n"
+    "    intervals = sorted(intervals, key=lambda pair: pair[0])\n"
+    "    merged = []\n"
+    "    for start, end in intervals:\n"
+    "        if merged and start <= merged[-1][1]:\n"
+    "            merged[-1][1] = max(merged[-1][1], end)\n"
+    "        else:\n"
+    "            merged.append([start, end])\n"
+    "    return merged\n")
+
+
+def ensure_calibration(config: Config, target: Backend, draft: Backend | None,
+                       progress: LoadProgress = _quiet) -> calibration.Calibration:
+    """This machine's costs for ``config``'s setup (``chatapp.engine.calibration``): the kept
+    ones, else measured now (a few seconds, once per machine, pair, layout and thread setting)
+    and kept for every later start (``chatapp.policy.memory``)."""
+    path = memory_path(config.measured_setup())
+    kept = recall_calibration(path)
+    if kept is not None:
+        return kept
+    progress("Measuring what drafting costs on this CPU (once)", None)
+    context = target.chat_prompt([ChatMessage("user", CALIBRATION_TEXT)])
+    measured = calibration.measure(target, context, AutoDraftLength().free_max_k + 1, draft)
+    remember_calibration(measured, path)
+    return measured
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
@@ -173,8 +218,16 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
                 history is not None or keep_index):
             index = load_history_index(history, target, config) if history is not None else (
                 SuffixSource(HistoryCorpus()))
-        drafter = make_drafter(config, target, progress, history_index=index) if (
-            with_draft) else None
+        draft = load_draft(config, target, progress) if with_draft else None
+        try:
+            drafter = make_drafter(config, target, progress, draft, history_index=index) if (
+                with_draft) else None
+            if drafter is not None and config.fixed_draft_length is None:
+                ensure_calibration(config, target, draft, progress)
+        except Exception:
+            if draft is not None:
+                draft.close()
+            raise
     except Exception:
         target.close()
         raise

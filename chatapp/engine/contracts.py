@@ -46,15 +46,20 @@ class DraftBudget:
 
     ``by_source`` names the sources the policy has a decision for; any other source gets
     ``default``. ``consult``: ask the drafter even when every budget is 0, because it scores its
-    would-be proposals for free (an n-gram lookup) and the policy learns from that.
+    would-be proposals for free (an n-gram lookup) and the policy learns from that. ``cuts``:
+    per source, how many tokens of a proposal of m tokens to verify (``cuts[source][m]``, see
+    ``cut``), so that a source that runs out before its budget ends on a batch size that is
+    cheap on this machine.
     """
 
     by_source: Mapping[str, int] = field(default_factory=dict)
     default: int = 0
     consult: bool = False
+    cuts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_source", MappingProxyType(dict(self.by_source)))
+        object.__setattr__(self, "cuts", MappingProxyType(dict(self.cuts)))
 
     @classmethod
     def uniform(cls, k: int) -> "DraftBudget":
@@ -78,7 +83,13 @@ class DraftBudget:
         """The same budget with no source above ``limit`` (the room left in the reply)."""
         limit = max(limit, 0)
         return DraftBudget({s: min(k, limit) for s, k in self.by_source.items()},
-                           min(self.default, limit), self.consult)
+                           min(self.default, limit), self.consult, self.cuts)
+
+    def cut(self, source: str, m: int) -> int:
+        """How many of the ``m`` tokens ``source`` proposed to verify: ``cuts[source][m]``
+        where the policy gave one, else all ``m``."""
+        table = self.cuts.get(source, ())
+        return table[m] if m < len(table) else m
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,15 @@ class Proposal:
                 scores: tuple[ShadowScore, ...] = ()) -> "Proposal":
         """A deterministic proposal (an n-gram lookup, speculative edits)."""
         return cls(tokens, None, source, scores, vocab_size)
+
+    def cut(self, n: int) -> "Proposal":
+        """The first ``n`` tokens of this proposal (with their rows and the scores); an empty
+        proposal, a plain step, for n = 0."""
+        if n >= len(self.tokens):
+            return self
+        rows = None if self.rows is None else self.rows[:n]
+        return Proposal(self.tokens[:n], rows, self.source if n else "", self.scores,
+                        self.vocab_size or (self.rows.shape[1] if self.rows is not None else 0))
 
     @cached_property
     def probs(self) -> np.ndarray:

@@ -249,6 +249,7 @@ class _Turn:
         started = self._clock()
         proposal = self.drafter.propose(self.tokens, budget.capped(room - 1),
                                         self.settings.sampling, self.rng)
+        proposal = proposal.cut(budget.cut(proposal.source, len(proposal.tokens)))
         draft_s = self._clock() - started
         self.last_k = budget.for_source(proposal.source) if proposal.tokens else 0
         return proposal, self.last_k, draft_s

@@ -12,6 +12,7 @@ import threading
 from itertools import accumulate
 from typing import Any
 
+from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import (
     LONGEST_FREE_DRAFT,
     MODEL_SOURCE,
@@ -53,6 +54,7 @@ SWITCH_MARGIN = 0.03  # leaving plain decoding needs an expected gain of 3%
 OPTIMISTIC_ACCEPTANCE = 0.9  # the acceptance a probe is sized for
 STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without drafting ages
 PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
+REDECIDE_EVERY = 8  # steps between decisions for the sources the latest steps did not touch
 SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
 THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
 EXPLORE_BUDGET = 0.02  # verifying batch sizes never timed may lose at most this share of the time
@@ -135,6 +137,9 @@ class AutoDraftLength:
         self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
         self._spent_s = 0.0  # all verification time, and that of batch sizes never timed before
         self._exploring_s = 0.0
+        self._draft_token: float | None = None  # a draft-model token's calibrated cost
+        self._new_ks = (self.explore_k, self.explore_k)  # model's and a free source's, unrecorded
+        self._new_ks_known = False  # whether _new_ks were decided on calibrated costs
 
     # -- DraftPolicy ----------------------------------------------------------------------------
 
@@ -143,18 +148,23 @@ class AutoDraftLength:
     def budget(self) -> DraftBudget:
         with self._lock:
             arms = self._arms
-            if not arms:
+            if not arms and not self._verify.calibrated:
                 return DraftBudget.uniform(self.explore_k)
-            for arm in arms.values():
-                if arm.shadowed:  # scored for free since the last decision
-                    self._decide(arm)
             if self._step - self._last_plain >= self.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
                 # re-time plain decoding, the baseline of every choice
                 return DraftBudget.uniform(0)
             by_source = {kind: self._wanted_k(arm) for kind, arm in arms.items()}
-            consult = any(self._consulting(arm) for arm in arms.values())
-            return DraftBudget(by_source, self.explore_k, consult)  # a new source is explored
+            cuts = {kind: arm.cuts for kind, arm in arms.items() if arm.cuts}
+            if not self._verify.calibrated:  # a new source is explored
+                consult = any(self._consulting(arm) for arm in arms.values())
+                return DraftBudget(by_source, self.explore_k, consult, cuts)
+            model_k, free_k = self._new_ks
+            if MODEL_SOURCE not in arms:
+                by_source[MODEL_SOURCE] = model_k
+            # a source never seen drafts what a free source with no record would: the costs
+            # decide (asking the drafter costs nothing, and it scores its proposals)
+            return DraftBudget(by_source, free_k, True, cuts)
 
     def observe(self, outcome: StepOutcome) -> None:
         with self._lock:
@@ -167,14 +177,27 @@ class AutoDraftLength:
             self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
             self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
+            touched = {score.source for score in outcome.scores}
             if k == 0:
                 self._last_plain = self._step
             else:
-                arm = self._arm(outcome.source or MODEL_SOURCE)
-                arm.observe_draft(k, outcome.accepted, outcome.draft_s, self.forget, self._step,
-                                  self.stale_forget, self.catchup_prior)
-            for arm in self._arms.values():
+                kind = outcome.source or MODEL_SOURCE
+                touched.add(kind)
+                self._arm(kind).observe_draft(k, outcome.accepted, outcome.draft_s, self.forget,
+                                              self._step, self.stale_forget, self.catchup_prior)
+            self._redecide(touched)
+
+    def _redecide(self, touched: set[str]) -> None:
+        """Decide again for the sources ``touched`` by the latest step (what was learnt of them
+        changed), and every ``REDECIDE_EVERY`` steps for all (costs and throughput move
+        slowly); keep what a source with no record would draft (``_new_ks``)."""
+        everyone = self._step % REDECIDE_EVERY == 0
+        for kind, arm in self._arms.items():
+            if everyone or kind in touched:
                 self._decide(arm)
+        if everyone or not self._new_ks_known:
+            self._new_ks = self._new_arm_k(shadowed=False), self._new_arm_k(shadowed=True)
+            self._new_ks_known = self._verify.calibrated
 
     def start_turn(self) -> None:
         """A new reply: the acceptance learnt before counts ``FREE_TURN_FORGET`` as much for a
@@ -188,6 +211,19 @@ class AutoDraftLength:
                 weight = TURN_FORGET if kept else FREE_TURN_FORGET
                 arm.verified = [weight * v for v in arm.verified]
                 arm.accepted = [weight * a for a in arm.accepted]
+            self._redecide(set(self._arms))
+
+    def calibrate(self, calibration: Calibration) -> None:
+        """Start from this machine's measured costs (``chatapp.engine.calibration``): the
+        verification of every n, and the draft model's cost per token. A calibrated policy
+        drafts from its first step only where the costs say it can pay: it never explores a
+        batch size, and tries a draft model only where drafting could beat plain decoding if
+        it were mostly accepted."""
+        with self._lock:
+            self._verify.calibrate(calibration.verify)
+            self._draft_token = calibration.draft_token
+            self._new_ks_known = False
+            self._redecide(set(self._arms))
 
     def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
         """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,
@@ -233,6 +269,7 @@ class AutoDraftLength:
         verify = VerifyCostModel(self.free_max_k + 1, self._verify.forget,
                                  self._verify.slope_prior)
         verify.resume(learnt["verify"])
+        verify.take_calibration(self._verify)
         arms = {}
         for kind, data in dict(learnt["arms"]).items():
             arm = SourceArm(self.explore_k, self.probe_every)
@@ -280,7 +317,27 @@ class AutoDraftLength:
         return arm
 
     def _exploring(self, arm: SourceArm) -> bool:
-        return not arm.shadowed and arm.drafted_steps < self.explore_steps
+        """Whether ``arm``'s next drafts are its first ``explore_steps``, made at ``explore_k``
+        to measure it: a draft model's, before calibration, or after it where drafting could
+        pay if it were mostly accepted (``_hopeful``)."""
+        if arm.shadowed or arm.drafted_steps >= self.explore_steps:
+            return False
+        return not self._verify.calibrated or self._hopeful(arm)
+
+    def _hopeful(self, arm: SourceArm) -> bool:
+        """Whether some K would beat plain decoding by ``switch_margin`` if ``arm``'s drafts
+        were accepted at ``optimistic_acceptance`` at least."""
+        acceptance = [max(a, self.optimistic_acceptance) for a in self._acceptance(arm)]
+        rates = self._rates(arm, acceptance)
+        return len(rates) > 1 and max(rates[1:]) > rates[0] * (1 + self.switch_margin)
+
+    def _new_arm_k(self, shadowed: bool) -> int:
+        """The K of a source with no record yet: a draft model (``shadowed`` False) or a source
+        that scores itself for free."""
+        arm = SourceArm(self.explore_k, self.probe_every)
+        arm.shadowed = shadowed
+        self._decide(arm)
+        return self._chosen_k(arm)
 
     def _chosen_k(self, arm: SourceArm) -> int:
         return self.explore_k if self._exploring(arm) else arm.k
@@ -322,10 +379,11 @@ class AutoDraftLength:
         if self._verify.predict(1) is None:
             return [], []
         explore = arm.shadowed and self._may_explore()
-        verify = [self._verify.predict(n, explore) for n in range(1, longest + 2)]
+        verify = self._verify.curve(explore)[:longest + 1]
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
-            draft = 0.0 if arm.shadowed else self.draft_cost_prior * verify[0]
+            draft = 0.0 if arm.shadowed else (self._draft_token if self._draft_token is not None
+                                              else self.draft_cost_prior * verify[0])
         tokens = [1.0 + expected for expected in accumulate(_prefix_products(acceptance),
                                                              initial=0.0)]
         seconds = [max(k * draft + verify[k], 1e-9) for k in range(longest + 1)]
@@ -357,7 +415,9 @@ class AutoDraftLength:
             idle = min(self._step - arm.last_drafted, SWITCH_HORIZON)
             catchup = arm.catchup_per_step(self.catchup_prior) * idle / SWITCH_HORIZON
             needed = (self.switch_margin * seconds[best] + catchup) * rates[0]
-        return (best if values[best] - values[0] > needed else 0), rates
+        k = best if values[best] - values[0] > needed else 0
+        arm.cuts = _cuts(values[:k + 1]) if k and self._verify.calibrated else ()
+        return k, rates
 
     def _throughput(self) -> float | None:
         """Tokens per second achieved over the recent steps (None before any timing)."""
@@ -393,6 +453,18 @@ class AutoDraftLength:
                                              math.ceil(loss / (budget - catchup)))
             arm.probe_k = probe
         arm.k = k
+
+
+def _cuts(values: list[float]) -> tuple[int, ...]:
+    """For a proposal of m = 0..len(values) - 1 tokens, the n <= m with the largest value: how
+    much of a proposal shorter than the K chosen to draft (a source that ran out) is worth
+    verifying, so that it ends on a batch size that is cheap here (0: none of it)."""
+    cuts, best = [], 0
+    for m, value in enumerate(values):
+        if value > values[best]:
+            best = m
+        cuts.append(best)
+    return tuple(cuts)
 
 
 def _prefix_products(values: list[float]) -> list[float]:

@@ -33,6 +33,7 @@ class SourceArm:
         self.hopeful = True  # drafting could pay if acceptance were high
         self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
         self.catchup: float | None = None  # extra draft seconds per step spent not drafting
+        self.cuts: tuple[int, ...] = ()  # DraftBudget.cuts of this source (none: uncut)
 
     def learnt(self) -> dict[str, Any]:
         return {"accepted": list(self.accepted), "verified": list(self.verified),

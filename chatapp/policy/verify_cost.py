@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Mapping
 from typing import Any
 
 from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
@@ -14,6 +15,7 @@ WORTH_A_TRY = 0.95  # an exploring guess below this x the interpolation is offer
 # it, the try would teach little (a GPU's flat costs) and only perturb the choice
 STALE = 0.25  # an n whose weight aged below this is extrapolated again, and so tried again: a
 # cost measured dear once (the first exploring steps, a busy moment) is not believed for good
+LOAD_RANGE = 0.25, 4.0  # how far the machine's load may scale a calibrated curve, either way
 
 
 class VerifyCostModel:
@@ -41,6 +43,12 @@ class VerifyCostModel:
     established, once other n are. An n not timed for long (its weight aged by ``AGE`` per
     timing of another n, below ``STALE``) counts as never measured, so that a cost that was
     measured dear is tried again now and then rather than believed for good.
+
+    A ``calibrate``d model knows the whole curve before its first timing (measured once for the
+    machine, pair and layout: ``chatapp.engine.calibration``): an n without recent timings is
+    then predicted by its calibrated cost, scaled by how the recent timings compare with the
+    calibration (the machine's load of the moment, ``LOAD_RANGE`` at most), and nothing is
+    guessed or extrapolated.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
@@ -54,6 +62,24 @@ class VerifyCostModel:
         self._weight = [0.0] * (max_n + 1)
         self._predicted: list[float] | None = None  # predict(n), n = 1..max_n; None: stale
         self._explored: list[float] = []  # predict(n, explore=True)
+        self._calibrated: list[float | None] = [None] * (max_n + 1)  # index 0 unused
+
+    def calibrate(self, costs: Mapping[int, float]) -> None:
+        """Take the measured seconds to verify n tokens (``costs[n]``; sizes outside 1..max_n
+        are ignored) as the curve to predict from where there are no recent timings."""
+        self._calibrated = [None] + [costs.get(n) for n in range(1, self.max_n + 1)]
+        self._predicted = None
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a calibration covers every n (``calibrate``)."""
+        return all(cost is not None for cost in self._calibrated[1:])
+
+    def take_calibration(self, other: "VerifyCostModel") -> None:
+        """The calibration of ``other`` (a model this one replaces)."""
+        self._calibrated = list(other._calibrated)[:self.max_n + 1]
+        self._calibrated += [None] * (self.max_n + 1 - len(self._calibrated))
+        self._predicted = None
 
     def learnt(self) -> dict[str, list[float]]:
         """The per-n means and their weights (index 0 unused), plain JSON data."""
@@ -87,12 +113,15 @@ class VerifyCostModel:
         """Seconds to verify ``n`` tokens (clamped to 1..max_n); None before any timing. With
         ``explore``, an n never measured between measured ones is guessed at the cost of the
         one below it rather than interpolated (see the class docstring)."""
+        curve = self.curve(explore)
+        return curve[min(max(n, 1), self.max_n) - 1] if curve else None
+
+    def curve(self, explore: bool = False) -> list[float]:
+        """``predict(n, explore)`` for n = 1..max_n (empty before any timing or calibration);
+        the list is shared: read it, never change it."""
         if self._predicted is None:
             self._predicted, self._explored = self._predictions()
-        if not self._predicted:
-            return None
-        n = min(max(n, 1), self.max_n)
-        return (self._explored if explore else self._predicted)[n - 1]
+        return self._explored if explore else self._predicted
 
     def measured(self, n: int) -> bool:
         """Whether ``n`` tokens were timed, recently enough (else ``predict`` extrapolates)."""
@@ -114,6 +143,8 @@ class VerifyCostModel:
         clipping its first timings to it would keep a dear n, or one token, looking cheap.)"""
         if self._weight[n] >= ESTABLISHED:
             return self._mean[n]
+        if self.calibrated:
+            return self._calibrated_cost(n)
         measured = self._measured_ns()
         if not measured:
             return self._mean[n]
@@ -127,6 +158,10 @@ class VerifyCostModel:
     def _predictions(self) -> tuple[list[float], list[float]]:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
+        if self.calibrated:
+            out = [self._mean[n] if self.measured(n) else self._calibrated_cost(n)
+                   for n in range(1, self.max_n + 1)]
+            return out, out
         measured = self._measured_ns()
         if not measured:
             return [], []
@@ -142,6 +177,16 @@ class VerifyCostModel:
                 out.append(max(a + b * math.log(n), 1e-9))
                 explored.append(out[-1])
         return out, explored
+
+    def _calibrated_cost(self, n: int) -> float:
+        """The calibrated cost of ``n`` tokens, scaled by the load of the moment: the recent
+        timings' weighted mean over what the calibration says of the same sizes."""
+        timed = calibrated = 0.0
+        for m in self._measured_ns():
+            timed += self._weight[m] * self._mean[m]
+            calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
+        load = timed / calibrated if calibrated > 0.0 else 1.0
+        return (self._calibrated[n] or 0.0) * min(max(load, LOAD_RANGE[0]), LOAD_RANGE[1])
 
     def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:
         """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of

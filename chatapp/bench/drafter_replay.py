@@ -35,8 +35,10 @@ from chatapp.drafters.edits import line_end_test
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
-from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.calibration import Calibration
+from chatapp.engine.contracts import DraftBudget, Proposal, StepOutcome
 from chatapp.engine.sampling import SamplingParams
+from chatapp.policy.auto import AutoDraftLength
 from chatapp.settings.config import Config
 
 RNG = np.random.default_rng(0)  # unused: the drafter is deterministic
@@ -74,6 +76,34 @@ def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k
     return steps
 
 
+def replay_auto(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int],
+                policy: AutoDraftLength, costs: Sequence[float]) -> float:
+    """Speedup over plain decoding of ``reply`` with ``policy`` choosing every step's draft as
+    in the engine (its budget, the drafter's proposal within it, the cut), each step timed at
+    ``costs`` (seconds to verify n = 1, 2, ... tokens), greedy verification against ``reply``."""
+    context = list(prompt)
+    drafter.prefill(context[:-1])
+    policy.start_turn()
+    at, seconds = 0, 0.0
+    while at < len(reply):
+        budget = policy.budget().capped(len(reply) - at - 1)
+        drafted = Proposal.empty(0)
+        if budget.asks_drafter:
+            drafted = drafter.propose(context, budget, SamplingParams(), RNG)
+            drafted = drafted.cut(budget.cut(drafted.source, len(drafted.tokens)))
+        proposal = drafted.tokens
+        matched = 0
+        while matched < len(proposal) and proposal[matched] == reply[at + matched]:
+            matched += 1
+        step_s = costs[len(proposal)]
+        policy.observe(StepOutcome(drafted.source, len(proposal), matched, 0.0, step_s,
+                                   drafted.scores))
+        context.extend(reply[at:at + matched + 1])
+        at += matched + 1
+        seconds += step_s
+    return len(reply) * costs[0] / seconds
+
+
 def ceiling_speedup(steps: Sequence[int], costs: Sequence[float]) -> float:
     """Plain decoding's time for the tokens of ``steps`` over theirs at ``costs``."""
     return sum(steps) * costs[0] / sum(costs[n - 1] for n in steps)
@@ -107,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", help="print every step of this prompt (at the first K)")
     parser.add_argument("--history", action="store_true",
                         help="index the other prompts' chats first (earlier chats)")
+    parser.add_argument("--prompt-file", type=Path, help="the bench's --prompt-file, if any")
+    parser.add_argument("--auto", action="store_true", help="with --costs: also replay the auto "
+                        "policy (calibrated with the costs, fresh per prompt) on the same steps")
     parser.add_argument("--costs", help="comma-separated ms to verify n = 1, 2, ... tokens "
                         "(`specchat bench --verify-costs`): print each K's ceiling speedup "
                         "instead (an oracle cuts every proposal where it pays best)")
@@ -119,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                      "are in its own prompts already")
     config = dataclasses.replace(Config(), n_ctx=2048, threads=1)
     target = load_backend(config.target, "target", config)
-    texts = {p.id: p.text for p in load_prompts()}
+    texts = {p.id: p.text for p in load_prompts(*([args.prompt_file] if args.prompt_file else []))}
     system = [ChatMessage("system", config.system_prompt)] if config.system_prompt else []
     if conversation:
         chats = conversation_chats(target, system, data)
@@ -131,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     if costs is not None and max(ks) >= len(costs):
         parser.error(f"--costs needs {max(ks) + 1} sizes for K = {max(ks)}")
     measure = "ceiling x plain" if costs else "tokens per call"
-    print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks) + f"  ({measure})")
+    auto = args.auto and costs is not None
+    print(f"{'prompt':<20}" + "".join(f"{'K=' + str(k):>8}" for k in ks)
+          + (f"{'auto':>8}" if auto else "") + f"  ({measure})")
     all_steps: list[list[int]] = [[] for _ in ks]
     for name, (prompt, reply) in chats.items():
         per_call = []
@@ -147,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             steps = replay(drafter, prompt, reply, k, _piece(target) if traced else None, costs)
             all_steps[i].extend(steps)
             per_call.append(_measure(steps, costs))
+        if auto:
+            policy = AutoDraftLength()
+            policy.calibrate(Calibration(dict(enumerate(costs, 1))))
+            drafter = NgramDrafter(target.vocab_size, suffix=SuffixSource(HistoryCorpus()),
+                                   ends_line=line_end_test(target.token_bytes))
+            per_call.append(replay_auto(drafter, prompt, reply, policy, costs))
         print(f"{name:<20}" + "".join(f"{v:8.2f}" for v in per_call))
     if conversation:
         print(f"{'conversation':<20}" + "".join(f"{_measure(s, costs):8.2f}" for s in all_steps))

@@ -14,51 +14,20 @@ any speculation can give here) and prints the consecutive costs as ``drafter_rep
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TextIO
 
-from chatapp.backends.base import Backend
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
+from chatapp.chat.evaluation_costs import VerifyCost, measure_verify_costs
 from chatapp.chat.loader import load_backend
 from chatapp.engine.contracts import LONGEST_FREE_DRAFT
-from chatapp.engine.kv import evaluate_sequence
 from chatapp.settings.config import Config
 
 REPEATS = 5
 LONGER_SIZES = (48, 64)  # beyond every n up to 2 x the longest draft: what long drafts could give
-
-
-@dataclass(frozen=True)
-class VerifyCost:
-    """Verifying ``tokens`` tokens took ``seconds`` (median)."""
-
-    tokens: int
-    seconds: float
-
-
-def measure_verify_costs(target: Backend, context: Sequence[int], feed: Sequence[int],
-                         sizes: Sequence[int], repeats: int = REPEATS) -> list[VerifyCost]:
-    """Per n in ``sizes``: the median seconds of evaluating ``feed[:n]`` after ``context`` with
-    logits for all n positions. ``feed`` must hold at least ``max(sizes)`` tokens."""
-    if len(feed) < max(sizes):
-        raise ValueError(f"{len(feed)} tokens to feed, {max(sizes)} needed")
-    evaluate_sequence(target, context, 1)
-    costs = []
-    for n in sizes:
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            target.evaluate(feed[:n], n)
-            times.append(time.perf_counter() - started)
-            target.truncate(len(context))
-        costs.append(VerifyCost(n, statistics.median(times)))
-    return costs
 
 
 def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
@@ -113,7 +82,7 @@ def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None
               f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}; CPU "
               f"{facts['cpu']}, AMX {'in use' if facts['amx_in_use'] else 'not in use'}:",
               file=log)
-        print_verify_costs(out, measure_verify_costs(target, context, feed, sizes))
+        print_verify_costs(out, measure_verify_costs(target, context, feed, sizes, REPEATS))
     finally:
         target.close()
     return 0

@@ -150,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(N CPU threads) or @auto (default: target, K=1..8, auto, ngram auto, "
                        "ngram+model auto)")
     bench.add_argument("--k-values", type=_k_values, help="K values of the default set, e.g. 1,2,4")
-    bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt N "
-                       "times, interleaved, and keep each configuration's fastest run")
+    bench.add_argument("--repeats", type=_positive_int, default=1, help="run each prompt in N "
+                       "rounds, each configuration once a round in a rotating order, and report "
+                       "the median and range over the rounds of each ratio to target-only "
+                       "(paired within a round)")
     bench.add_argument("--busy", type=_non_negative_int, default=0, help="run N CPU-bound "
                        "processes beside the bench (a busy machine), stopped when it ends")
     bench.add_argument("--no-warmup", dest="warmup", action="store_false",
@@ -160,8 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(e.g. another venv's bin/python): its target-only run of each prompt "
                        "goes just before this bench's, and every configuration is also "
                        "compared with it")
-    bench.add_argument("--fresh-policy", action="store_true", help="a new auto policy for "
-                       "every prompt (the cold first turn) instead of one kept across prompts")
+    bench.add_argument("--policy-memory", choices=("fresh", "learnt", "both"), default="fresh",
+                       help="what each auto configuration's policy starts every run from: "
+                       "nothing (fresh, the first reply of a new install; the default), the "
+                       "memory the app keeps for its setup (learnt, the first reply after a "
+                       "restart), or both, as two rows")
     mode = bench.add_mutually_exclusive_group()
     mode.add_argument("--conversation", action="store_true", help="run the scripted "
                       "multi-turn editing conversation as one chat instead of the prompts")
@@ -246,6 +251,7 @@ def load_settings(args: argparse.Namespace) -> Config:
 def bench(config: Config, args: argparse.Namespace) -> int:
     """`specchat bench` with the prompts and configurations its flags choose."""
     from chatapp.bench import (
+        MEMORY_CHOICES,
         PROMPTS_PATH,
         bench_command,
         bench_max_tokens,
@@ -282,7 +288,7 @@ def bench(config: Config, args: argparse.Namespace) -> int:
         return conversation_command(config, specs or default_specs(), bench_max_tokens(config),
                                     args.json_path, warmup=args.warmup)
     return bench_command(config, args.json_path, prompts=prompts, specs=specs,
-                         warmup=args.warmup, fresh_policy=args.fresh_policy,
+                         warmup=args.warmup, memories=MEMORY_CHOICES[args.policy_memory],
                          repeats=args.repeats, busy=args.busy,
                          baseline=args.baseline.split() if args.baseline else None)
 

@@ -71,19 +71,28 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_has_amx(flags: frozenset[str]) -> bool:
+    """Whether a CPU with these ``cpu_flags`` executes the AMX instructions ggml's kernels use."""
+    return _AMX_CPU_FLAGS <= flags
+
+
+def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as ``lscpu`` shows it (the machine type where none is given)."""
+    try:
+        return next((line.partition(":")[2].strip() for line in
+                     cpuinfo.read_text(errors="replace").splitlines()
+                     if line.startswith("model name")), "") or platform.machine()
+    except OSError:
+        return platform.machine()
+
+
 def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and the vector features llama.cpp's kernels use, for reports."""
     flags = cpu_flags(cpuinfo)
-    features = [name for name, needed in (("AMX", _AMX_CPU_FLAGS), ("AVX-512", {"avx512f"}),
-                                          ("AVX2", {"avx2"})) if needed <= flags]
-    model = ""
-    try:
-        model = next((line.partition(":")[2].strip() for line in
-                      cpuinfo.read_text(errors="replace").splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or platform.machine()} ({', '.join(features) or 'no AMX, AVX-512 or AVX2'})"
+    features = [name for name, present in (("AMX", cpu_has_amx(flags)),
+                                           ("AVX-512", "avx512f" in flags),
+                                           ("AVX2", "avx2" in flags)) if present]
+    return f"{cpu_model_name(cpuinfo)} ({', '.join(features) or 'no AMX, AVX-512 or AVX2'})"
 
 
 def build_has_amx(system_info: str) -> bool:
@@ -95,7 +104,7 @@ def build_has_amx(system_info: str) -> bool:
 
 def cpu_and_build_have_amx(flags: frozenset[str], system_info: str) -> bool:
     """Whether the CPU runs AMX and the build (``llama_print_system_info()``) compiled it in."""
-    return _AMX_CPU_FLAGS <= flags and build_has_amx(system_info)
+    return cpu_has_amx(flags) and build_has_amx(system_info)
 
 
 def plan_guard(flags: frozenset[str], system_info: str, can_filter: bool,

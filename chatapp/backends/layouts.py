@@ -9,8 +9,11 @@ output layer and the shipped draft's Q5_0 tensors do not (measurements: docs/ben
 ("auto", "shipped" or "fast") and whether llama.cpp runs AMX here decide between the model's
 ``LayoutChoice``s. A target's layout changes the distribution the user gets, so only a layout
 whose measured fidelity to the shipped file is within ``FAITHFUL`` is ever chosen by "auto";
-a coarser one is offered as "fast", with its fidelity shown. A draft's layout changes only how
-often the target accepts its tokens, never what the target emits.
+a coarser one is offered as "fast", with its fidelity shown. Which layout is fastest depends on
+the CPU and the llama.cpp build, AMX or not, so "fast" is the one measured cheapest here once
+its candidates' evaluation costs were measured on this machine (``LayoutCosts``, measured at
+first use by ``chatapp.chat.layout_costs``); the catalog's per-CPU choice until then. A draft's
+layout changes only how often the target accepts its tokens, never what the target emits.
 
 ``prepare_layout`` makes the file once, in the user cache beside the joined model: it checks the
 free disk space first, runs llama.cpp's quantiser (``llama_model_quantize``, requantising) in a
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import os
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +41,8 @@ from chatapp.errors import UserFacingError
 from chatapp.user_files import private_dir, write_private
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes expected)
+SHIPPED = "shipped"  # the shipped file's name among measured layouts
+LayoutCosts = Mapping[str, Mapping[int, float]]  # layout name (or SHIPPED) -> n -> seconds
 
 DISK_MARGIN_BYTES = 256 << 20  # kept free beyond the new file
 _POLL_S = 0.5
@@ -115,6 +121,12 @@ class LayoutChoice:
     amx: CpuLayouts
     no_amx: CpuLayouts
 
+    @property
+    def candidates(self) -> list[Layout]:
+        """Every layout either kind of CPU would run, each once: what "fast" measures."""
+        found = [self.amx.auto, self.amx.fast, self.no_amx.auto, self.no_amx.fast]
+        return list(dict.fromkeys(layout for layout in found if layout is not None))
+
 
 @dataclass(frozen=True)
 class LayoutPlan:
@@ -124,14 +136,18 @@ class LayoutPlan:
     reason: str
 
 
-def plan_layout(choice: LayoutChoice | None, setting: LayoutSetting, amx: bool) -> LayoutPlan:
+def plan_layout(choice: LayoutChoice | None, setting: LayoutSetting, amx: bool,
+                measured: LayoutCosts | None = None) -> LayoutPlan:
     """The layout of a model with ``choice`` under ``setting`` on a CPU where llama.cpp runs AMX
-    (``amx``) or not."""
+    (``amx``) or not; "fast" is the cheapest layout of ``measured`` (the shipped file's and every
+    candidate's costs on this machine) when it holds them all."""
     if choice is None:
         return LayoutPlan(None, "no other layout is known for this model in this role")
     if setting is LayoutSetting.SHIPPED:
         return LayoutPlan(None, 'layout = "shipped" in the settings')
     cpu = choice.amx if amx else choice.no_amx
+    if setting is LayoutSetting.FAST and measured is not None and is_measured(choice, measured):
+        return _measured_fast(choice, measured)
     if setting is LayoutSetting.FAST and cpu.fast is not None and cpu.fast != cpu.auto:
         return LayoutPlan(cpu.fast, f'layout = "fast" in the settings: {cpu.fast.name} is '
                                     f"faster, and not quite the shipped model "
@@ -139,6 +155,46 @@ def plan_layout(choice: LayoutChoice | None, setting: LayoutSetting, amx: bool) 
     if cpu.auto is not None and not is_faithful(cpu.auto.fidelity):
         return LayoutPlan(None, f"{cpu.auto.name} is not faithful enough to be the default")
     return LayoutPlan(cpu.auto, cpu.why)
+
+
+def is_measured(choice: LayoutChoice, measured: LayoutCosts) -> bool:
+    """Whether ``measured`` holds the shipped file's costs and every candidate's."""
+    return all(name in measured for name in [SHIPPED, *(c.name for c in choice.candidates)])
+
+
+def relative_cost(costs: Mapping[int, float], shipped: Mapping[int, float]) -> float:
+    """``costs`` against the shipped file's: the geometric mean over the sizes both timed of the
+    ratio of their seconds (below 1: cheaper), so that one token and a batch weigh alike."""
+    ratios = [costs[n] / shipped[n] for n in costs if n in shipped and shipped[n] > 0]
+    if not ratios or min(ratios) <= 0:
+        return math.inf
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def describe_costs(measured: LayoutCosts) -> str:
+    """"ms for 1/4/16 tokens: shipped 50/122/413, q4_0 43/104/350"."""
+    sizes = sorted({n for costs in measured.values() for n in costs})
+    cells = [f"{name} " + "/".join(f"{costs[n] * 1000:.0f}" if n in costs else "-"
+                                   for n in sizes) for name, costs in measured.items()]
+    return f"ms for {'/'.join(map(str, sizes))} tokens: {', '.join(cells)}"
+
+
+def _measured_fast(choice: LayoutChoice, measured: LayoutCosts) -> LayoutPlan:
+    """The cheapest of the shipped file and the candidates as ``measured`` here."""
+    shipped = measured[SHIPPED]
+    best = min(choice.candidates, key=lambda c: relative_cost(measured[c.name], shipped))
+    costs = describe_costs(measured)
+    if relative_cost(measured[best.name], shipped) >= 1.0:
+        return LayoutPlan(None, f'layout = "fast": no layout evaluates faster than the shipped '
+                                f"file on this CPU (measured here, {costs})")
+    if best.fidelity is None:
+        closeness = "a draft's layout changes only how often its tokens are accepted"
+    elif is_faithful(best.fidelity):
+        closeness = f"within the fidelity bound of the shipped model ({best.fidelity})"
+    else:
+        closeness = f"not quite the shipped model ({best.fidelity})"
+    return LayoutPlan(best, f'layout = "fast": {best.name} evaluates fastest on this CPU '
+                            f"(measured here, {costs}); {closeness}")
 
 
 class LayoutError(UserFacingError):

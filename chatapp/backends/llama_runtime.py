@@ -27,11 +27,12 @@ _log_tail: deque[str] = deque(maxlen=12)
 _log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
 _guard = amx_guard.Guard.NONE  # how this process keeps llama.cpp off its AMX kernels
 _guard_note: str | None = None  # what to tell the user about it, once
+_library_dir: Path | None = None  # where llama-cpp-python's native libraries are
 
 
 def lib() -> ModuleType:
     """Import llama_cpp once, keep it off its AMX kernels, initialise it and route its logging."""
-    global _llama, _log_callback, _guard, _guard_note
+    global _llama, _log_callback, _guard, _guard_note, _library_dir
     if _llama is None:
         try:
             import llama_cpp
@@ -42,6 +43,7 @@ def lib() -> ModuleType:
         library_dir = Path(getattr(llama_cpp.llama_cpp, "_base_path",
                                    Path(llama_cpp.__file__).parent / "lib"))
         _guard, _guard_note = _avoid_amx_kernels(system_info, library_dir)
+        _library_dir = library_dir
         _log_callback = llama_cpp.llama_log_callback(_on_log)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
@@ -66,6 +68,14 @@ def amx_in_use() -> bool:
     info = lib().llama_print_system_info().decode(errors="replace")
     return (_guard is amx_guard.Guard.NONE
             and amx_guard.cpu_and_build_have_amx(amx_guard.cpu_flags(), info))
+
+
+def build_identity() -> str:
+    """An identity of the llama.cpp build this process runs (its native libraries' names, sizes
+    and times: a rebuild changes it)."""
+    lib()
+    assert _library_dir is not None
+    return amx_probe.build_key(_library_dir)
 
 
 def repacking_allowed() -> bool:

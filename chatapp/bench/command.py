@@ -12,6 +12,7 @@ from typing import TextIO
 
 from chatapp.bench.baseline import BASELINE, Launcher
 from chatapp.bench.busy import BusyProcesses
+from chatapp.bench.policy_memory import PolicyMemory
 from chatapp.bench.report import Row, print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
@@ -33,7 +34,7 @@ def bench_command(config: Config, json_path: Path | None, *,
                   specs: Sequence[RunSpec] | None = None,
                   max_tokens: int | None = None,
                   warmup: bool = True,
-                  fresh_policy: bool = False,
+                  memories: Sequence[PolicyMemory] = (PolicyMemory.FRESH,),
                   repeats: int = 1,
                   busy: int = 0,
                   baseline: Sequence[str] | None = None,
@@ -44,6 +45,8 @@ def bench_command(config: Config, json_path: Path | None, *,
     Defaults: every prompt of ``chatapp/data/bench_prompts.json``, ``default_specs()``, and
     ``DEFAULT_BENCH_TOKENS`` new tokens unless the config asks for another ``max_tokens``.
     A set of ``specs`` without target-only decoding gets it added: the ratios need it.
+    ``repeats`` rounds per prompt; each adaptive configuration runs once per state of
+    ``memories`` (``chatapp.bench.policy_memory``).
     ``busy`` CPU-bound processes run beside the measured runs (warm-up included), for at most
     ``BUSY_MAX_S`` seconds. ``baseline``: another installation's Python, whose target-only run
     of each prompt is compared (``chatapp.bench.baseline``).
@@ -63,8 +66,8 @@ def bench_command(config: Config, json_path: Path | None, *,
         if backends is None:
             backends = BenchBackends(load_backend(config.target, "target", config,
                                                   progress_printer(log)))
-        bench = Bench(config, backends, specs, max_tokens, log, fresh_policy, repeats, busy,
-                      baseline, launcher)
+        bench = Bench(config, backends, specs, max_tokens, log, repeats, busy, baseline,
+                      launcher, memories)
         with BusyProcesses(busy, BUSY_MAX_S):
             if warmup:
                 bench.warm_up(prompts[0])
@@ -76,7 +79,7 @@ def bench_command(config: Config, json_path: Path | None, *,
             for backend in (backends.target, backends.draft, backends.assistant):
                 if backend is not None:
                     backend.close()
-    names = [spec.name for spec in specs] + bench.extra_configs + ([BASELINE] if baseline else [])
+    names = bench.names + ([BASELINE] if baseline else [])
     _report(bench, prompts, rows, names, BASELINE if baseline else None, json_path, out)
     return 0
 
@@ -92,7 +95,8 @@ def _report(bench: Bench, prompts: Sequence[BenchPrompt], rows: list[Row], names
         data = {"meta": {**bench.meta(), "prompts": [dataclasses.asdict(p) for p in prompts],
                          "peak_rss_mib": peak_rss_mib},
                 "summary": [s.to_json() for s in summaries],
-                "rows": [row.to_json() for row in rows]}
+                "rows": [row.to_json() for row in rows],
+                "runs": [dataclasses.asdict(record) for record in bench.records]}
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"Wrote {json_path}", file=out)

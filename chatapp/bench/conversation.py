@@ -130,7 +130,7 @@ def conversation_command(config: Config, specs: Sequence[RunSpec], max_tokens: i
         backends = BenchBackends(load_backend(config.target, "target", config,
                                               progress_printer(log)))
     try:
-        bench = Bench(config, backends, specs, max_tokens, log, False)
+        bench = Bench(config, backends, specs, max_tokens, log)
         if warmup:
             bench.warm_up(BenchPrompt(conversation.id, "conversation", conversation.turns[0]))
         result = run_conversation(bench, conversation, log)

@@ -201,7 +201,7 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
     runs: dict[tuple[str, str], LlamaCppRun] = {}  # (prompt id, llama.cpp row) -> its run
     counts: dict[str, int] = {}
     try:
-        bench = Bench(config, backends, specs, max_tokens, log, False, repeats)
+        bench = Bench(config, backends, specs, max_tokens, log, repeats)
         if warmup:
             bench.warm_up(prompts[0])
         for prompt in prompts:  # interleaved per prompt: machine noise hits both sides alike

@@ -1,15 +1,24 @@
-"""The bench's results: one ``Run`` per prompt and configuration, its ``Row`` (ratios against the
-target-only run of the same prompt), the per-configuration ``Summary`` and the printed table."""
+"""The bench's results: one ``Run`` per prompt, configuration and round, the ``Row`` of a prompt
+and configuration (its ratios against the target-only run of the same round, their median and
+range over the rounds: ``chatapp.bench.rounds``), the per-configuration ``Summary`` and the
+printed table."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from chatapp.bench.rounds import (
+    Spread,
+    geometric_mean,
+    median_round,
+    paired_ratios,
+    per_round_geomeans,
+)
 from chatapp.bench.specs import TARGET, BenchPrompt
 from chatapp.engine.kv import common_prefix_length
 from chatapp.engine.stats import TurnStats, decode_tokens_per_s
@@ -18,8 +27,7 @@ from chatapp.engine.stats import TurnStats, decode_tokens_per_s
 @dataclass
 class Run:
     """One decoding of one prompt: the tokens, the engine's statistics, why it ended, how many
-    steps drafted how many tokens, the policy's label, the seconds inside the model calls and the
-    speeds of every repeat (the kept run is the fastest)."""
+    steps drafted how many tokens, the policy's label and the seconds inside the model calls."""
 
     output: list[int]
     stats: TurnStats
@@ -27,12 +35,46 @@ class Run:
     drafted_per_step: Counter
     policy: str
     model_s: float = 0.0
-    speeds: list[float] = field(default_factory=list)
+
+    @property
+    def speed(self) -> float:
+        """Generation tokens per second (the prompt left out)."""
+        return decode_tokens_per_s(self.stats)
+
+
+@dataclass
+class RunRecord:
+    """One run as the JSON keeps it: which prompt, configuration and round, its place in the
+    round's order, its speed and its ratio to the target-only run of the same round."""
+
+    prompt: str
+    config: str
+    round: int
+    position: int
+    tokens: int
+    tokens_per_s: float
+    ratio: float
+    drafted: int
+    accepted: int
+    target_calls: int
+    policy: str
+    finish_reason: str
+
+    @classmethod
+    def of(cls, prompt: str, config: str, round_: int, position: int, run: Run,
+           reference: Run) -> "RunRecord":
+        stats = run.stats
+        return cls(prompt, config, round_, position, stats.tokens, run.speed,
+                   paired_ratios([run.speed], [reference.speed])[0], stats.drafted,
+                   stats.accepted, stats.target_calls, run.policy, run.finish_reason)
 
 
 @dataclass
 class Row:
-    """One prompt through one configuration."""
+    """One prompt through one configuration over the rounds: ``ratio`` is the median of the
+    ratios paired within each round (``round_ratios``), ``ratio_low``/``ratio_high`` their range,
+    ``tokens_per_s`` the median speed; the other figures are those of the run whose ratio is
+    closest to the median. ``memory``: what an adaptive policy started each run from."""
 
     prompt: str
     category: str
@@ -61,6 +103,10 @@ class Row:
     drafted_per_step: dict[str, int] = field(default_factory=dict)
     repeat_tokens_per_s: list[float] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
+    round_ratios: list[float] = field(default_factory=list)
+    ratio_low: float = 0.0
+    ratio_high: float = 0.0
+    memory: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,13 +114,19 @@ class Row:
 
 @dataclass
 class Summary:
-    """One configuration over all prompts: sums, and ratios as geometric means."""
+    """One configuration over all prompts: sums, and ratios as medians over the rounds of each
+    round's geometric mean over the prompts (all of them, and each category's), with their
+    lowest and highest (``chatapp.bench.rounds``)."""
 
     config: str
     prompts: int
+    rounds: int
+    memory: str
     tokens_per_s: float  # all tokens / all generation time
-    ratio_geomean: float
-    ratio_min: float
+    ratio_median: float
+    ratio_low: float
+    ratio_high: float
+    ratio_min: float  # the worst prompt's median ratio
     ratio_min_prompt: str
     acceptance_rate: float
     mean_accepted_length: float
@@ -86,7 +138,7 @@ class Summary:
     engine_share: float  # outside the model calls, as a share of the generation time
     same_as_target: float  # mean tokens before the first difference
     identical: int
-    category_ratio: dict[str, float]
+    category_ratio: dict[str, Spread]
     baseline_ratio: float | None = None  # against the baseline's rows (``--baseline``), if any
     baseline_category_ratio: dict[str, float] = field(default_factory=dict)
 
@@ -94,17 +146,19 @@ class Summary:
         return dataclasses.asdict(self)
 
 
-def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
-    """The row of ``run`` (configuration ``name`` on ``prompt``), its ratio and sameness
-    measured against ``reference``, the target-only run of the same prompt."""
+def make_row(prompt: BenchPrompt, name: str, runs: Sequence[Run], references: Sequence[Run],
+             memory: str = "") -> Row:
+    """The row of configuration ``name`` on ``prompt`` from its ``runs``, one per round, each
+    measured against the target-only run of the same round in ``references``."""
+    ratios = paired_ratios([run.speed for run in runs], [run.speed for run in references])
+    middle = median_round(ratios)
+    run, reference = runs[middle], references[middle]
     stats = run.stats
-    speed = decode_tokens_per_s(stats)
-    reference_speed = decode_tokens_per_s(reference.stats)
     same = common_prefix_length(run.output, reference.output)
     return Row(
         prompt=prompt.id, category=prompt.category, config=name, tokens=stats.tokens,
-        tokens_per_s=speed, e2e_tokens_per_s=stats.tokens_per_s,
-        ratio=speed / reference_speed if reference_speed > 0 else 0.0,
+        tokens_per_s=statistics.median(run.speed for run in runs),
+        e2e_tokens_per_s=stats.tokens_per_s, ratio=statistics.median(ratios),
         acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
         drafted=stats.drafted, accepted=stats.accepted, target_calls=stats.target_calls,
         draft_s=stats.draft_s, verify_s=stats.verify_s, prompt_s=stats.prompt_s,
@@ -114,28 +168,26 @@ def make_row(prompt: BenchPrompt, name: str, run: Run, reference: Run) -> Row:
         same_as_target=same, identical=run.output == reference.output,
         finish_reason=run.finish_reason, policy=run.policy,
         drafted_per_step={str(k): v for k, v in sorted(run.drafted_per_step.items())},
-        repeat_tokens_per_s=list(run.speeds) or [speed], output=list(run.output))
+        repeat_tokens_per_s=[run.speed for run in runs], output=list(run.output),
+        round_ratios=ratios, ratio_low=min(ratios), ratio_high=max(ratios), memory=memory)
 
 
-def compared_to(row: Row, reference: Run) -> Row:
-    """``row`` (of another process: the baseline's) with its ratio and sameness measured
-    against ``reference``, this bench's target-only run of the same prompt."""
-    speed = decode_tokens_per_s(reference.stats)
+def compared_to(row: Row, reference: Row) -> Row:
+    """``row`` (of another process: the baseline's, one run) with its ratio and sameness
+    measured against ``reference``, this bench's target-only row of the same prompt (its median
+    speed over the rounds)."""
+    speed = reference.tokens_per_s
     same = common_prefix_length(row.output, reference.output)
-    return dataclasses.replace(row, ratio=row.tokens_per_s / speed if speed > 0 else 0.0,
-                               same_as_target=same, identical=row.output == reference.output)
+    ratio = row.tokens_per_s / speed if speed > 0 else 0.0
+    return dataclasses.replace(row, ratio=ratio, same_as_target=same,
+                               identical=row.output == reference.output, round_ratios=[ratio],
+                               ratio_low=ratio, ratio_high=ratio)
 
 
 def _engine_share(total_s: float, prompt_s: float, model_s: float) -> float:
     """The engine's own time (everything outside the model calls) over the generation time."""
     generation_s = total_s - prompt_s
     return max(0.0, total_s - model_s) / generation_s if generation_s > 0 and model_s > 0 else 0.0
-
-
-def geometric_mean(values: Sequence[float]) -> float:
-    """The geometric mean of the positive ``values`` (0 when there is none)."""
-    values = [v for v in values if v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
 
 
 def summarise(rows: Sequence[Row], configs: Sequence[str],
@@ -153,13 +205,15 @@ def summarise(rows: Sequence[Row], configs: Sequence[str],
         generation_s = sum(row.total_s - row.prompt_s for row in mine)
         drafted = sum(row.drafted for row in mine)
         calls = sum(row.target_calls for row in mine)
-        categories: dict[str, list[float]] = {}
+        categories: dict[str, list[list[float]]] = {}
         for row in mine:
-            categories.setdefault(row.category, []).append(row.ratio)
+            categories.setdefault(row.category, []).append(row.round_ratios)
+        overall = Spread.of(per_round_geomeans([row.round_ratios for row in mine]))
         summaries.append(Summary(
-            config=name, prompts=len(mine),
+            config=name, prompts=len(mine), rounds=len(mine[0].round_ratios),
+            memory=mine[0].memory,
             tokens_per_s=tokens / generation_s if generation_s > 0 else 0.0,
-            ratio_geomean=geometric_mean([row.ratio for row in mine]),
+            ratio_median=overall.median, ratio_low=overall.low, ratio_high=overall.high,
             ratio_min=worst.ratio, ratio_min_prompt=worst.prompt,
             acceptance_rate=sum(row.accepted for row in mine) / drafted if drafted else 0.0,
             mean_accepted_length=tokens / calls if calls else 0.0,
@@ -171,7 +225,7 @@ def summarise(rows: Sequence[Row], configs: Sequence[str],
                                        sum(row.model_s for row in mine)),
             same_as_target=sum(row.same_as_target for row in mine) / len(mine),
             identical=sum(row.identical for row in mine),
-            category_ratio={c: geometric_mean(r) for c, r in categories.items()},
+            category_ratio={c: Spread.of(per_round_geomeans(r)) for c, r in categories.items()},
             **_against_baseline(mine, base_speed)))
     return summaries
 
@@ -206,10 +260,25 @@ def _by_category(ratios: Mapping[str, float], categories: Sequence[str]) -> str:
     return " ".join(f"{ratios.get(c, 0.0):>{max(10, len(c))}.2f}" for c in categories)
 
 
+def _print_table(out: TextIO, title: str, columns: Sequence[str],
+                 lines: Mapping[str, Sequence[str]]) -> None:
+    """A table of text cells: one line per key of ``lines``, each cell right-aligned under its
+    column's name, every column as wide as its widest cell or name (at least 10)."""
+    width = max(len(title), *(len(name) for name in lines))
+    widths = [max(10, len(column), *(len(cells[i]) for cells in lines.values()))
+              for i, column in enumerate(columns)]
+    print(f"{title:<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(columns, widths)),
+          file=out)
+    for name, cells in lines.items():
+        print(f"{name:<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths)),
+              file=out)
+
+
 def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Sequence[Row],
                  peak_rss_mib: float) -> None:
-    """The table: ``title``, the summaries, the ratios by category and by prompt, a legend and
-    the peak memory; every column as wide as its longest name."""
+    """The table: ``title``, the summaries, the ratios by category and by prompt (with their
+    range over the rounds, when there are several), a legend and the peak memory; every column
+    as wide as its longest name."""
     print(title, file=out)
     if not summaries:
         print("No complete run.", file=out)
@@ -217,11 +286,10 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
     _print_summaries(out, summaries, rows)
     categories = list(dict.fromkeys(row.category for row in rows))
     print("", file=out)
-    title = "x target, by category"
-    width = max(len(title), *(len(s.config) for s in summaries))
-    print(f"{title:<{width}} " + " ".join(f"{c:>10}" for c in categories), file=out)
-    for s in summaries:
-        print(f"{s.config:<{width}} {_by_category(s.category_ratio, categories)}", file=out)
+    spread = any(s.rounds > 1 for s in summaries)
+    _print_table(out, "x target, by category", categories, {
+        s.config: [s.category_ratio.get(c, Spread.of([])).cell(spread) for c in categories]
+        for s in summaries})
     _print_baseline_ratios(out, summaries, categories)
     print("", file=out)
     _print_by_prompt(out, summaries, rows)
@@ -231,6 +299,10 @@ def print_report(out: TextIO, title: str, summaries: Sequence[Summary], rows: Se
           "calls) as a share of the generation time; same as target: tokens equal to the "
           "target-only output before the first difference "
           "(mean over prompts; n/m all: outputs identical to it).", file=out)
+    if spread:
+        print("x target: each round's speed over the target-only speed of the same round and "
+              "prompt, geometric mean over the prompts; the median over the rounds, with the "
+              "lowest and highest in brackets.", file=out)
     print(f"Peak RSS: {peak_rss_mib:.0f} MiB", file=out)
 
 
@@ -240,31 +312,37 @@ def _print_summaries(out: TextIO, summaries: Sequence[Summary], rows: Sequence[R
         1, sum(1 for row in rows if row.config == TARGET))
     worsts = [f"{s.ratio_min:.2f} ({s.ratio_min_prompt})" for s in summaries]
     wide = max(24, *(len(worst) for worst in worsts))
-    header = (f"{'configuration':<18} {'tok/s':>6} {'x target':>8} {'min x (prompt)':>{wide}} "
+    spread = any(s.rounds > 1 for s in summaries)
+    ratios = [Spread(s.ratio_median, s.ratio_low, s.ratio_high).cell(spread) for s in summaries]
+    named = max(18, *(len(s.config) for s in summaries))
+    across = max(8, *(len(ratio) for ratio in ratios))
+    header = (f"{'configuration':<{named}} {'tok/s':>6} {'x target':>{across}} "
+              f"{'min x (prompt)':>{wide}} "
               f"{'accept':>6} {'tok/call':>8} {'draft':>6} {'verify':>6} {'prompt':>6} "
               f"{'other':>6} {'engine':>6} {'same as target':>16}")
     print(header, file=out)
     print("-" * len(header), file=out)
-    for s, worst in zip(summaries, worsts):
+    for s, worst, ratio in zip(summaries, worsts, ratios):
         total = s.total_s or 1.0
         accept = f"{s.acceptance_rate:.0%}" if s.acceptance_rate or s.config != TARGET else "-"
         same = f"{s.same_as_target:.0f} of {reference_tokens:.0f}, {s.identical}/{s.prompts} all"
         engine = f"{s.engine_share:.1%}" if s.engine_share else "-"
-        print(f"{s.config:<18} {s.tokens_per_s:6.1f} {s.ratio_geomean:8.2f} {worst:>{wide}} "
+        print(f"{s.config:<{named}} {s.tokens_per_s:6.1f} {ratio:>{across}} {worst:>{wide}} "
               f"{accept:>6} {s.mean_accepted_length:8.2f} {s.draft_s / total:6.0%} "
               f"{s.verify_s / total:6.0%} {s.prompt_s / total:6.0%} {s.other_s / total:6.0%} "
               f"{engine:>6} {same:>16}", file=out)
 
 
 def _print_by_prompt(out: TextIO, summaries: Sequence[Summary], rows: Sequence[Row]) -> None:
-    """Each prompt's ratio to its target-only run, one column per configuration."""
+    """Each prompt's ratio to its target-only run, one column per configuration (the median over
+    the rounds, with its range when there are several)."""
     prompts = list(dict.fromkeys(row.prompt for row in rows))
     names = [s.config for s in summaries]
-    title = "x target, by prompt"
-    width = max(len(title), *(len(prompt) for prompt in prompts))
-    print(f"{title:<{width}} " + " ".join(names), file=out)
+    spread = any(s.rounds > 1 for s in summaries)
     by_key = {(row.prompt, row.config): row for row in rows}
+    lines = {}
     for prompt in prompts:
-        cells = " ".join(f"{by_key[(prompt, n)].ratio:>{len(n)}.2f}" if (prompt, n) in by_key
-                         else " " * len(n) for n in names)
-        print(f"{prompt:<{width}} {cells}", file=out)
+        cells = [by_key[(prompt, n)] if (prompt, n) in by_key else None for n in names]
+        lines[prompt] = [Spread(r.ratio, r.ratio_low, r.ratio_high).cell(spread) if r else ""
+                         for r in cells]
+    _print_table(out, "x target, by prompt", names, lines)

@@ -1,4 +1,5 @@
-"""The bench's runs: every configuration's engine on the loaded models, interleaved per prompt."""
+"""The bench's runs: every configuration's engine on the loaded models, interleaved per prompt in
+rounds (each round every configuration once, the order rotated from round to round)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.threads import ThreadChoice, available_cores
 from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
-from chatapp.bench.report import Row, Run, compared_to, make_row
+from chatapp.bench.policy_memory import MemoryState, PolicyMemory, memory_state, spec_config
+from chatapp.bench.report import Row, Run, RunRecord, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.loader import (
     ensure_calibration,
@@ -27,10 +29,10 @@ from chatapp.chat.loader import (
     make_policy,
 )
 from chatapp.chat.turns import k_label
+from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
-from chatapp.engine.stats import decode_tokens_per_s
 from chatapp.settings.config import Config, rpc_label
 
 WARMUP_TOKENS = 24
@@ -75,6 +77,16 @@ class ModelClock:
             self.model_s += time.perf_counter() - started
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration the bench reports: a ``spec`` and, for an adaptive one, the state its
+    policy starts each run from (``start``; None for a fixed K or target-only)."""
+
+    name: str
+    spec: RunSpec
+    start: MemoryState | None = None
+
+
 def _model_seconds(*backends: Backend | None) -> float:
     return sum(b.model_s for b in backends if isinstance(b, ModelClock))
 
@@ -89,13 +101,18 @@ def progress_printer(log: TextIO) -> Callable[[str, float | None], None]:
 
 class Bench:
     """Every configuration of ``specs`` as an engine and a policy on the shared ``backends``
-    (built once, so that an auto policy learns across prompts); ``warm_up`` and ``run`` decode
-    through them, ``meta`` and ``describe`` say what was measured."""
+    (built once); ``warm_up`` and ``run`` decode through them, ``meta`` and ``describe`` say what
+    was measured, ``records`` holds every run.
+
+    An adaptive configuration runs once per state of ``memories``
+    (``chatapp.bench.policy_memory``): from a new policy every run, from the memory the app
+    persisted for its setup, or (``KEPT``) with one policy learning across every run."""
 
     def __init__(self, config: Config, backends: BenchBackends, specs: Sequence[RunSpec],
-                 max_tokens: int, log: TextIO, fresh_policy: bool, repeats: int = 1,
+                 max_tokens: int, log: TextIO, repeats: int = 1,
                  busy: int = 0, baseline: Sequence[str] | None = None,
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher | None = None,
+                 memories: Sequence[PolicyMemory] = (PolicyMemory.KEPT,)) -> None:
         """``baseline``: the Python command of another installation whose target-only run of
         each prompt goes just before this bench's, started by ``launcher``
         (``chatapp.bench.baseline``)."""
@@ -107,7 +124,9 @@ class Bench:
         self.backends = backends
         self.specs = list(specs)
         self.log = log
-        self.fresh_policy = fresh_policy
+        self.memories = tuple(memories)
+        self.configurations = [c for spec in self.specs for c in self._configurations(spec)]
+        self.records: list[RunRecord] = []
         backends.target = ModelClock(backends.target)
         self.settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         self.seed = config.seed if config.seed is not None else 0
@@ -115,6 +134,7 @@ class Bench:
         self._thread_choices: dict[tuple[str, str], ThreadChoice | None] = {}
         self._own_thread_choices: dict[str, ThreadChoice] = {}  # each backend's, by role
         self._engines: dict[str, tuple[SpeculativeEngine, DraftPolicy]] = {}
+        self._calibrations: dict[str, Calibration] = {}  # by spec name (``_calibration``)
         for spec in self.specs:
             self._engines[spec.name] = self._engine(spec)
         if config.backend == "hf" and backends.draft is not None:
@@ -152,16 +172,40 @@ class Bench:
         return SpeculativeEngine(target, drafter), self._policy(spec)
 
     def _policy(self, spec: RunSpec) -> DraftPolicy:
-        """The spec's policy; an auto policy starts from this machine's calibration for the
-        spec's setup (measured now if none is kept), as in the app: fresh, it has learnt no
-        acceptance."""
+        """The spec's own policy; an adaptive one starts from this machine's calibration
+        (``_calibration``), as in the app."""
+        return make_policy(spec_config(self.config, spec), self._calibration(spec))
+
+    def _calibration(self, spec: RunSpec) -> Calibration | None:
+        """This machine's costs for an adaptive ``spec``'s setup, measured once if none are kept
+        (``ensure_calibration``); None for a fixed K."""
         if spec.drafter is None or spec.k is not None:
-            return make_policy(dataclasses.replace(self.config, draft_length=str(spec.k or 0)))
-        name = spec.drafter.removesuffix(NO_EDITS)
-        config = dataclasses.replace(self.config, drafter=name, draft_length="auto")
-        draft = None if name == "ngram" else self._draft_backend()
-        costs = ensure_calibration(config, self.backends.target, draft, progress_printer(self.log))
-        return make_policy(config, costs)
+            return None
+        if spec.name not in self._calibrations:
+            config = spec_config(self.config, spec)
+            draft = None if config.drafter == "ngram" else self._draft_backend()
+            self._calibrations[spec.name] = ensure_calibration(
+                config, self.backends.target, draft, progress_printer(self.log))
+        return self._calibrations[spec.name]
+
+    def _configurations(self, spec: RunSpec) -> list[Configuration]:
+        """``spec`` as the bench reports it: once, or an adaptive one once per memory state
+        (named "auto [fresh]", "auto [learnt]" when there are several)."""
+        if spec.drafter is None or spec.k is not None:
+            return [Configuration(spec.name, spec)]
+        several = len(self.memories) > 1
+        return [Configuration(f"{spec.name} [{memory.value}]" if several else spec.name, spec,
+                              memory_state(self.config, spec, memory))
+                for memory in self.memories]
+
+    def _run_policy(self, configuration: Configuration) -> DraftPolicy:
+        """The policy of one run: the configuration's own one (fixed K, or ``KEPT``), else a new
+        one from the configuration's start."""
+        start = configuration.start
+        if start is None or start.memory is PolicyMemory.KEPT:
+            return self._engines[configuration.spec.name][1]
+        return start.new_policy(spec_config(self.config, configuration.spec),
+                                self._calibration(configuration.spec))
 
     # -- runs --
 
@@ -171,9 +215,10 @@ class Bench:
         settings = dataclasses.replace(self.settings,
                                        max_tokens=min(WARMUP_TOKENS, self.settings.max_tokens))
         tokens = self.prompt_tokens(prompt)
-        for spec in self.specs:
-            engine, policy = self._engines[spec.name]
-            self._generate(spec, engine, policy, tokens, settings)
+        for configuration in self.configurations:
+            spec = configuration.spec
+            engine = self._engines[spec.name][0]
+            self._generate(spec, engine, self._run_policy(configuration), tokens, settings)
 
     def run(self, prompts: Sequence[BenchPrompt]) -> list[Row]:
         rows: list[Row] = []
@@ -185,6 +230,8 @@ class Bench:
         return rows
 
     def _run_prompt(self, prompt: BenchPrompt, number: int, total: int) -> list[Row]:
+        """``prompt`` through every configuration in ``repeats`` rounds (see ``_run_round``),
+        after the baseline's run of it if any; one row per configuration."""
         tokens = self.prompt_tokens(prompt)
         base = None
         if self.baseline and self.launcher is not None:
@@ -192,32 +239,37 @@ class Bench:
                                 self.config)
             print(f"[{number}/{total}] {prompt.id:<16} {BASELINE:<18} {base.tokens:4d} tokens "
                   f"{base.tokens_per_s:6.1f} tok/s", file=self.log, flush=True)
+        rounds = [self._run_round(prompt, tokens, number, total, repeat)
+                  for repeat in range(self.repeats)]
+        memories = {c.name: c.start.describe() for c in self.configurations if c.start}
+        references = [runs[TARGET] for runs in rounds]
+        rows = [make_row(prompt, name, [runs[name] for runs in rounds], references,
+                         memories.get(name, "")) for name in rounds[0]]
+        if base is not None:
+            rows.append(compared_to(base, rows[[row.config for row in rows].index(TARGET)]))
+        return rows
+
+    def _run_round(self, prompt: BenchPrompt, tokens: list[int], number: int, total: int,
+                   repeat: int) -> dict[str, Run]:
+        """Round ``repeat`` of ``prompt``: every configuration once, in the order rotated by the
+        prompt's number and the round (no configuration always runs first), then the
+        transformers reference if any; each run is added to ``records``."""
         runs: dict[str, Run] = {}
-        speeds: dict[str, list[float]] = {}
-        for repeat in range(self.repeats):
-            for spec in rotated(self.specs, number - 1 + repeat):
-                engine, policy = self._engines[spec.name]
-                if self.fresh_policy and spec.drafter is not None and spec.k is None:
-                    policy = self._policy(spec)
-                    self._engines[spec.name] = (engine, policy)
-                run = self._generate(spec, engine, policy, tokens, self.settings, seed=number)
-                self._log_run(number, total, prompt, spec.name, run)
-                speeds.setdefault(spec.name, []).append(decode_tokens_per_s(run.stats))
-                best = runs.get(spec.name)
-                if best is None or decode_tokens_per_s(run.stats) > decode_tokens_per_s(best.stats):
-                    runs[spec.name] = run  # the fastest repeat: least disturbed by the machine
-        for name, run in runs.items():
-            run.speeds = speeds[name]
+        order = rotated(self.configurations, number - 1 + repeat)
+        for configuration in order:
+            spec = configuration.spec
+            engine = self._engines[spec.name][0]
+            run = self._generate(spec, engine, self._run_policy(configuration), tokens,
+                                 self.settings, seed=number)
+            self._log_run(number, total, prompt, configuration.name, run)
+            runs[configuration.name] = run
         if HF_ASSISTED in self.extra_configs:
             runs[HF_ASSISTED] = hf_assisted(self.backends.target, self._assistant(), tokens,
-                                            self.settings.max_tokens,
-                                            runs[TARGET].stats.prompt_s)
+                                            self.settings.max_tokens, runs[TARGET].stats.prompt_s)
             self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
-        reference = runs[TARGET]
-        rows = [make_row(prompt, name, run, reference) for name, run in runs.items()]
-        if base is not None:
-            rows.append(compared_to(base, reference))
-        return rows
+        self.records += [RunRecord.of(prompt.id, name, repeat, position, run, runs[TARGET])
+                         for position, (name, run) in enumerate(runs.items())]
+        return {name: runs[name] for name in self.names if name in runs}
 
     def run_once(self, spec: RunSpec, prompt: list[int], seed: int) -> Run:
         """One run of configuration ``spec`` (one of ``specs``) on ``prompt``, both caches
@@ -268,9 +320,8 @@ class Bench:
         return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
-        speed = decode_tokens_per_s(run.stats)
         print(f"[{number}/{total}] {prompt.id:<16} {name:<18} {run.stats.tokens:4d} tokens "
-              f"{speed:6.1f} tok/s  {run.policy}  threads {run.stats.threads}", file=self.log,
+              f"{run.speed:6.1f} tok/s  {run.policy}  threads {run.stats.threads}", file=self.log,
               flush=True)
 
     # -- description --
@@ -284,19 +335,26 @@ class Bench:
                 "temperature": sampling.temperature, "top_k": sampling.top_k,
                 "top_p": sampling.top_p, "max_tokens": self.settings.max_tokens,
                 "seed": self.seed, "threads": self.config.threads, "n_ctx": self.config.n_ctx,
-                "fresh_policy": self.fresh_policy, "repeats": self.repeats, "busy": self.busy,
+                "policy_memory": [memory.value for memory in self.memories],
+                "memory_states": {c.name: c.start.to_json() for c in self.configurations
+                                  if c.start is not None},
+                "repeats": self.repeats, "rounds": self.repeats, "busy": self.busy,
                 "cpus": os.cpu_count(), "target_rpc": list(self.config.rpc),
-                "configs": [spec.name for spec in self.specs] + self.extra_configs,
-                **machine_facts(self.config)}
+                "configs": self.names, **machine_facts(self.config)}
+
+    @property
+    def names(self) -> list[str]:
+        """The configurations' names, as the rows have them, in order."""
+        return [c.name for c in self.configurations] + self.extra_configs
 
     def describe(self, n_prompts: int) -> str:
         meta = self.meta()
         mode = "greedy" if self.settings.sampling.greedy else (
             f"temperature {meta['temperature']}, top-k {meta['top_k']}, top-p {meta['top_p']}")
-        policy = "a new auto policy per prompt" if self.fresh_policy else (
-            "auto policies kept across prompts, as across turns")
+        policy = "auto policies " + " and ".join(_MEMORY_WORDS[m] for m in self.memories)
         if self.repeats > 1:
-            policy += f"; fastest of {self.repeats} interleaved repeats per prompt"
+            policy += (f"; {self.repeats} interleaved rounds per prompt, ratios paired within a "
+                       "round, medians over the rounds")
         if self.busy:
             policy += f"; {self.busy} CPU-bound process{'es' if self.busy > 1 else ''} beside it"
         backend = meta["backend"] if meta["draft_backend"] == meta["backend"] else (
@@ -306,20 +364,33 @@ class Bench:
         return (f"specchat bench: target {meta['target']}{where}, draft {meta['draft'] or '-'}, "
                 f"backend {backend}, {mode}, up to {meta['max_tokens']} new tokens, {n_prompts} "
                 f"prompts, seed {meta['seed']}; {policy}. CPU: {meta['cpu']}"
-                f"{'; ' + amx if amx else ''}; layout setting {meta['layout']}.")
+                f"{'; ' + amx if amx else ''}; layout setting {meta['layout']}."
+                f"{self._memory_note()}")
+
+    def _memory_note(self) -> str:
+        """" Policy memory: auto: fresh; ngram auto: learnt (sources: ...)." (empty without an
+        adaptive configuration)."""
+        states = [f"{c.name}: {c.start.describe()}" for c in self.configurations if c.start]
+        return f" Policy memory: {'; '.join(states)}." if states else ""
+
+
+_MEMORY_WORDS = {PolicyMemory.FRESH: "fresh every run",
+                 PolicyMemory.LEARNT: "resumed every run from the memory the app keeps",
+                 PolicyMemory.KEPT: "kept across prompts, as across turns"}
 
 
 def machine_facts(config: Config) -> dict[str, Any]:
-    """The CPU, whether llama.cpp runs AMX here (None: no llama.cpp model) and the layout
-    setting, for the bench's report."""
-    from chatapp.backends.amx_guard import cpu_description
+    """The CPU (``lscpu``'s model name, whether it has AMX), whether llama.cpp runs AMX here
+    (None: no llama.cpp model) and the layout setting, for the bench's report."""
+    from chatapp.backends.amx_guard import cpu_description, cpu_flags, cpu_has_amx, cpu_model_name
 
     amx = None
     if "llama" in (config.backend, config.draft_backend_name):
         from chatapp.backends.llama_runtime import amx_in_use
 
         amx = amx_in_use()
-    return {"cpu": cpu_description(), "amx_in_use": amx, "layout": config.layout}
+    return {"cpu": cpu_description(), "cpu_model": cpu_model_name(),
+            "cpu_has_amx": cpu_has_amx(cpu_flags()), "amx_in_use": amx, "layout": config.layout}
 
 
 def rotated(items: Sequence[Any], shift: int) -> list[Any]:

@@ -20,6 +20,7 @@ from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, pre
 from chatapp.backends.memory import check_fits
 from chatapp.chat.attachments import message_text
 from chatapp.chat.history import HistoryError, HistoryStore, StoredMessage
+from chatapp.chat.layout_costs import layout_costs, measure_layouts, needs_measuring
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.edits import line_end_test
@@ -70,17 +71,21 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
 
 def layout_plan(model: str, role: str, config: Config) -> LayoutPlan:
-    """The weight layout ``model`` (an alias or a path) runs in as ``role`` on llama.cpp here."""
+    """The weight layout ``model`` (an alias or a path) runs in as ``role`` on llama.cpp here,
+    with what was measured of its layouts on this machine (``chatapp.chat.layout_costs``)."""
     from chatapp.backends.llama_runtime import amx_in_use
 
     spec = CATALOG.get(model)
     return plan_layout(spec.layouts(role) if spec else None, LayoutSetting(config.layout),
-                       amx_in_use())
+                       amx_in_use(), layout_costs(model, role, config))
 
 
 def runnable_layout(model: str, role: str, path: Path, config: Config,
                     progress: LoadProgress = _quiet) -> Path:
-    """The file of ``layout_plan``'s layout, prepared from ``path`` (the shipped file) once."""
+    """The file of ``layout_plan``'s layout, prepared from ``path`` (the shipped file) once;
+    for ``layout = "fast"`` the layouts are measured here first, once."""
+    if needs_measuring(config, role):
+        measure_layouts(model, role, path, config, progress)
     plan = layout_plan(model, role, config)
     if plan.layout is None:
         return path

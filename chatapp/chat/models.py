@@ -11,7 +11,8 @@ from chatapp.backends.catalog import (
     licence_text,
     missing_parts,
 )
-from chatapp.backends.layouts import prepared_path, prepared_sha256
+from chatapp.backends.layouts import describe_costs, prepared_path, prepared_sha256
+from chatapp.chat.layout_costs import layout_costs
 from chatapp.chat.loader import layout_plan
 from chatapp.settings.config import Config
 
@@ -47,6 +48,7 @@ def _layout_lines(spec: ModelSpec, roles: list[str], config: Config) -> list[str
             continue
         plan = layout_plan(spec.alias, role, config)
         shipped = assembled_path(spec)
+        lines += _measured_lines(spec, role, config)
         if plan.layout is None:
             lines.append(f"as the {role}: runs the shipped file ({plan.reason})")
             continue
@@ -57,3 +59,17 @@ def _layout_lines(spec: ModelSpec, roles: list[str], config: Config) -> list[str
         lines.append(f"as the {role}: runs the {plan.layout.name} layout, {path.name} "
                      f"({plan.reason}); {state}")
     return lines
+
+
+def _measured_lines(spec: ModelSpec, role: str, config: Config) -> list[str]:
+    """What was measured of ``spec``'s layouts as ``role`` on this machine, or how to measure
+    them (nothing for a model without candidate layouts in that role)."""
+    measured = layout_costs(spec.alias, role, config)
+    if measured is None:
+        return []
+    choice = spec.layouts(role)
+    names = ", ".join(["shipped", *(c.name for c in choice.candidates)]) if choice else ""
+    if not measured:
+        return [f"as the {role}: layouts not measured on this CPU yet (layout = \"fast\" "
+                f"measures {names} once, at first use)"]
+    return [f"as the {role}: measured on this CPU, {describe_costs(measured)}"]

@@ -391,16 +391,12 @@ def test_a_calibrated_policy_never_tries_a_draft_model_that_cannot_pay(machine: 
 
 
 def test_one_matched_shadow_proposal_does_not_buy_a_dear_long_draft() -> None:
-    # The same Zen 5 calibrated again (its curve varies by up to 20% above 11 tokens from one
-    # calibration to the next): a 16-token verification costs 7.1 decode steps. A kind seen to
-    # match once (one shadow proposal, all 16 tokens right) is not yet worth that bet; seen to
-    # match every time over a few proposals, it is.
-    again = [26.6, 49.8, 77.3, 81.8, 100.6, 115.4, 133.2, 131.1, 145.1, 156.1, 168.2, 207.8,
-             229.6, 224.2, 239.8, 188.5, 232.6]
-    policy = calibrated(Machine("epyc-zen5-again", lambda n: again[n - 1] / 1000, 0.0113, 0.25))
-    matched = StepOutcome("", 0, 0, 0.0, 0.0266, (ShadowScore("edit-run", 16, 16),))
-    policy.observe(matched)
+    # On the Zen 5 curve a 16-token verification costs 7.4 decode steps: a kind seen to match
+    # once (one shadow proposal, all 16 tokens right) is not yet worth that bet; seen to match
+    # every time over a run of proposals, it is.
+    policy = calibrated(EPYC_ZEN5)
+    policy.observe(StepOutcome("", 0, 0, 0.0, 0.0254, (ShadowScore("edit-run", 16, 16),)))
     assert policy.budget().for_source("edit-run") < 15
-    for _ in range(3):
-        policy.observe(matched)
+    for _ in range(6):
+        policy.observe(StepOutcome("", 0, 0, 0.0, 0.0254, (ShadowScore("edit-run", 16, 16),)))
     assert policy.budget().for_source("edit-run") == 15

@@ -37,11 +37,11 @@ FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long a
 # profile) and the bench on the default pair (docs/benchmarks.md).
 PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
-CAUTION = 0.25  # standard deviations taken off an acceptance estimate before a calibrated policy
+CAUTION = 0.5  # standard deviations taken off an acceptance estimate before a calibrated policy
 # decides on it: where a 16-token verification costs 6-9 decode steps (CPUs without AMX), one
 # fully matched shadow proposal made a kind look certain and new code lost 4-6% to 16-token drafts
 # rejected at their first token (drafter_replay --auto on the held-out prompts: 0.94-0.96x, and
-# 0.98-1.00x with 0.25; 0.5 cost the edits twice as much of their gain there)
+# 0.99-1.00x with 0.5, which costs the edits 5-10% of their gain there)
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
 # 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts; positions
 # after a proposal's first rejection forget faster: UNVERIFIED_FORGET in chatapp.policy.source_arm)

@@ -37,11 +37,6 @@ FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long a
 # profile) and the bench on the default pair (docs/benchmarks.md).
 PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
 PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
-CAUTION = 0.5  # standard deviations taken off an acceptance estimate before a calibrated policy
-# decides on it: where a 16-token verification costs 6-9 decode steps (CPUs without AMX), one
-# fully matched shadow proposal made a kind look certain and new code lost 4-6% to 16-token drafts
-# rejected at their first token (drafter_replay --auto on the held-out prompts: 0.94-0.96x, and
-# 0.99-1.00x with 0.5, which costs the edits 5-10% of their gain there)
 FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
 # 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts; positions
 # after a proposal's first rejection forget faster: UNVERIFIED_FORGET in chatapp.policy.source_arm)
@@ -125,7 +120,6 @@ class AutoDraftLength:
         self.stale_forget = STALE_FORGET
         self.prior_acceptance = PRIOR_ACCEPTANCE
         self.prior_weight = PRIOR_WEIGHT
-        self.caution = CAUTION
         self.forget = FORGET
         self.draft_cost_prior = DRAFT_COST_PRIOR
         self.probe_every = PROBE_EVERY
@@ -289,11 +283,9 @@ class AutoDraftLength:
     # -- introspection (tests, the bench, a stats view) -------------------------------------------
 
     def acceptance(self, kind: str = MODEL_SOURCE) -> list[float]:
-        """Estimated acceptance at positions 1..K, K the longest draft ``kind`` may make (the
-        estimate itself, before ``caution``)."""
+        """Estimated acceptance at positions 1..K, K the longest draft ``kind`` may make."""
         with self._lock:
-            arm = self._arm(kind)
-            return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight)
+            return self._acceptance(self._arm(kind))
 
     def verify_cost(self, n: int) -> float | None:
         """Estimated seconds to verify n tokens (None before any timing)."""
@@ -372,9 +364,7 @@ class AutoDraftLength:
 
     def _acceptance(self, arm: SourceArm) -> list[float]:
         """Estimated acceptance at positions 1..``_longest(arm)``."""
-        caution = self.caution if self._verify.calibrated else 0.0
-        return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight,
-                              caution)
+        return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight)
 
     def _rates(self, arm: SourceArm, acceptance: list[float]) -> list[float]:
         """Expected tokens per second of a step at K = 0..len(acceptance) (empty before any

@@ -99,19 +99,13 @@ class SourceArm:
             self.verified[i] = age * self.verified[i] + verified
             self.accepted[i] = age * self.accepted[i] + (i < accepted)
 
-    def acceptance(self, max_k: int, prior: float, weight: float,
-                   caution: float = 0.0) -> list[float]:
-        """Per position 1..``max_k``, the acceptance given the positions before were accepted:
-        the counts shrunk towards the position before (position 1 towards ``prior``) with
-        ``weight`` pseudo-observations, less ``caution`` standard deviations of that estimate
-        (a rate seen a few times is taken lower than one seen often)."""
+    def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:
         rates, previous = [], prior
         for i in range(max_k):
             seen = self.verified[i] if i < len(self.verified) else 0.0
             hits = self.accepted[i] if i < len(self.accepted) else 0.0
             previous = (hits + weight * previous) / (seen + weight)
-            spread = (previous * (1.0 - previous) / (seen + weight + 1.0)) ** 0.5
-            rates.append(max(previous - caution * spread, 0.0))
+            rates.append(previous)
         return rates
 
     def draft_cost(self) -> float | None:

@@ -77,7 +77,7 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
                   f"decoding here (n = {best[0]}, of the sizes timed).\n")
     consecutive = [c for i, c in enumerate(costs, 1) if c.tokens == i]
     if consecutive:
-        out.write("For python -m chatapp.bench.drafter_replay: --costs "
+        out.write("For python -m benchmarks.drafter_replay: --costs "
                   + ",".join(f"{c.seconds * 1000:.1f}" for c in consecutive) + "\n")
 
 

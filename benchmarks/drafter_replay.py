@@ -1,7 +1,7 @@
 """Replay the model-free drafter over the target's greedy replies of a bench run: tokens per
 target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
 
-    python -m chatapp.bench.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
+    python -m benchmarks.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
         [--costs MS,MS,...]
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.

@@ -35,7 +35,7 @@ from chatapp.drafters.edits import line_end_test
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
-from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.contracts import NO_HINTS, DraftBudget
 from chatapp.engine.sampling import SamplingParams
 from chatapp.settings.config import Config
 
@@ -51,7 +51,7 @@ def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k
     an oracle cuts each proposal where it pays best: to the n <= matched + 1 with the most tokens
     per second, the ceiling of any policy choosing K for this drafter."""
     context = list(prompt)
-    drafter.prefill(context[:-1])
+    drafter.prefill(context[:-1], NO_HINTS)
     at, steps = 0, []
     while at < len(reply):
         budget = DraftBudget.uniform(min(k, len(reply) - at - 1))

@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--file", dest="files", action="append", default=[], metavar="PATH",
                      help="attach this text file to the prompt (repeatable)")
     commands.add_parser("models", parents=[common], help="list known models and what is installed")
+    _add_bench_parser(commands, common)
+    _add_rpc_server_parser(commands)
+    add_chats_parser(commands)
+    return parser
+
+
+def _add_bench_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``specchat bench`` and its options."""
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
     bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
@@ -176,9 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
                       "shipped, q8_0, q4_0 or a GGUF path, optionally followed by /noamx")
     bench.add_argument("--fidelity-reference", metavar="REFERENCE", default="shipped",
                        help="the reference of --fidelity (default: shipped)")
-    _add_rpc_server_parser(commands)
-    add_chats_parser(commands)
-    return parser
 
 
 def model_argv(args: argparse.Namespace) -> list[str]:

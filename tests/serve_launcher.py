@@ -46,14 +46,13 @@ def fake_factory(max_tokens: int, delay_s: float, endless: bool):  # noqa: ANN20
     def factory(config, progress):  # noqa: ANN001, ANN202
         target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=config.n_ctx,
                                                                   delay_s=delay_s)
-        index = SuffixSource(HistoryCorpus())
-        ngram = NgramDrafter(target.vocab_size, suffix=index,
+        ngram = NgramDrafter(target.vocab_size, suffix=SuffixSource(HistoryCorpus()),
                              ends_line=line_end_test(target.token_bytes))
         drafter = NgramModelDrafter(ngram, ModelDrafter(FakeBackend(noise=1.0,
                                                                     n_ctx=config.n_ctx)))
         settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         return ChatSession(SpeculativeEngine(target, drafter), settings, seed=0,
-                           system_prompt=config.system_prompt, history_index=index)
+                           system_prompt=config.system_prompt, takes_prediction=True)
 
     return factory
 

@@ -111,7 +111,7 @@ def test_a_file_too_big_for_the_context_is_refused_and_nothing_is_saved(chat):
     big = Attachment("big.txt", "text", "spec ulative " * 200)
     with_file = session.message_tokens(message_text("summarise", [big]))
     needed = with_file - session.message_tokens("summarise")
-    left = session.engine.target.n_ctx - session.reply_room - session.message_tokens("summarise")
+    left = session.n_ctx - session.reply_room - session.message_tokens("summarise")
     assert needed > left > 0
     with pytest.raises(AttachmentError, match=f"needs {needed:,} tokens and {left:,} are left"):
         chat.begin("summarise", [big])

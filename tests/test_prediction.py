@@ -16,7 +16,7 @@ from chatapp.drafters.prediction import (
     ahead_of_edits,
     is_prediction_kind,
 )
-from chatapp.engine.contracts import DraftBudget
+from chatapp.engine.contracts import NO_HINTS, DraftBudget, DraftHints
 from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.fixed import FixedDraftLength
@@ -64,19 +64,17 @@ def test_an_empty_prediction_proposes_nothing() -> None:
 def test_the_drafter_drafts_the_prediction_once_the_reply_writes_its_first_token() -> None:
     """The engine prefills the prompt but its last token (fed with the first step): no proposal
     at the first step, the rest of the prediction once the reply has written its first token;
-    after ``predict(None)`` the next reply has none."""
+    the next reply, with hints of its own, has none."""
     drafter = NgramDrafter(64)
     prompt = [1, 2, 3, 4]
-    drafter.predict([7, 8, 9, 10, 11])
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], DraftHints(predicted=(7, 8, 9, 10, 11)))
     rng = np.random.default_rng(0)
     assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
     proposal = drafter.propose(prompt + [7], DraftBudget.uniform(3), SamplingParams(0.0), rng)
     assert proposal.tokens == [8, 9, 10] and is_prediction_kind(proposal.source)
     proposal = drafter.propose(prompt + [7, 8], DraftBudget.uniform(3), SamplingParams(0.0), rng)
     assert proposal.tokens == [9, 10, 11]
-    drafter.predict(None)
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], NO_HINTS)
     assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
 
 
@@ -85,10 +83,11 @@ def test_replies_with_a_prediction_follow_the_target_law() -> None:
     prediction that is partly right are distributed as the target alone makes them, and the
     prediction did draft (and was both accepted and rejected)."""
     params = SamplingParams(0.7, 0, 0.9)
-    ngram = NgramDrafter(VOCAB)
-    ngram.predict([3, 1, 2, 4, 5])  # the prompt's pattern goes on "3 1 2"; then a guess
-    drafter = NgramModelDrafter(ngram, ModelDrafter(backend(noise=1.0)))
-    replies, sources, drafted = sample_replies(drafter, lambda: FixedDraftLength(3), params)
+    drafter = NgramModelDrafter(NgramDrafter(VOCAB), ModelDrafter(backend(noise=1.0)))
+    # the prompt's pattern goes on "3 1 2"; then a guess
+    hints = DraftHints(predicted=(3, 1, 2, 4, 5))
+    replies, sources, drafted = sample_replies(drafter, lambda: FixedDraftLength(3), params,
+                                               hints=hints)
     assert matches_law(replies, exact_law(params))
     predicted = sum(n for (source, size), n in drafted.items()
                     if source == "prediction" and size)
@@ -114,8 +113,7 @@ def test_a_prediction_that_proposes_what_the_edits_do_goes_under_the_kind_truste
     code = list(range(10, 30))
     prompt = [1, 2, *code, 3, 4]
     drafter = NgramDrafter(64)
-    drafter.predict(code)
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], DraftHints(predicted=tuple(code)))
     reply = code[:6]  # the prediction follows from the reply's first token, the edits from later
     drafter.sync(prompt + reply, score=False)
     edit_kind = drafter._edit_search(4)[1]
@@ -126,8 +124,8 @@ def test_a_prediction_that_proposes_what_the_edits_do_goes_under_the_kind_truste
     trusted = DraftBudget({edit_kind: 3, prediction_kind: 1})
     assert drafter.choose(trusted) == (code[6:9], edit_kind)
     changed = NgramDrafter(64)
-    changed.predict([*code[:6], 77, 78, 79, 80])  # the prediction goes on differently
-    changed.prefill(prompt[:-1])
+    # the prediction goes on differently
+    changed.prefill(prompt[:-1], DraftHints(predicted=(*code[:6], 77, 78, 79, 80)))
     changed.sync(prompt + reply, score=False)
     edits_held_back = DraftBudget({edit_kind: 0}, 4)  # the edits' kind may not draft
     assert changed.choose(edits_held_back) == ([77, 78, 79, 80], "prediction-run")

@@ -47,6 +47,7 @@ from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import (
     DraftBudget,
     Drafter,
+    DraftHints,
     Proposal,
     StepOutcome,  # noqa: E402
 )
@@ -144,8 +145,8 @@ class SpyDrafter:
     def name(self) -> str:
         return self.inner.name
 
-    def prefill(self, context: Sequence[int]) -> None:
-        self.inner.prefill(context)
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        self.inner.prefill(context, hints)
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.inner.rollback(context, verified)

@@ -20,7 +20,7 @@ from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.report import Row, Run, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.loader import generation_settings, load_backend, make_drafter, make_policy
-from chatapp.chat.turns import k_label
+from chatapp.chat.reply_values import k_label
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine

@@ -17,7 +17,7 @@ from chatapp.backends.base import Backend
 from chatapp.backends.catalog import CATALOG, resolve_model
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
-from chatapp.backends.memory import check_fits
+from chatapp.backends.memory_estimate import check_fits
 from chatapp.chat.attachments import message_text
 from chatapp.chat.history import HistoryError, HistoryStore, StoredMessage
 from chatapp.chat.session import ChatSession
@@ -30,8 +30,7 @@ from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine, check_compatible
 from chatapp.engine.sampling import SamplingParams
-from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.fixed import FixedDraftLength
+from chatapp.policy.draft_length import PolicySetting
 from chatapp.settings.config import Config
 
 LoadProgress = Callable[[str, float | None], None]
@@ -146,12 +145,15 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     return model
 
 
+def policy_setting(config: Config) -> PolicySetting:
+    """What ``config`` says of the draft length, with the setup its measurements are kept for."""
+    return PolicySetting(config.fixed_draft_length, tuple(config.measured_setup()))
+
+
 def make_policy(config: Config) -> DraftPolicy:
-    """A fixed K, or for draft_length "auto" an ``AutoDraftLength`` (it learns each source of the
-    drafter from what the engine reports)."""
-    if config.fixed_draft_length is not None:
-        return FixedDraftLength(config.fixed_draft_length)
-    return AutoDraftLength()
+    """A fresh policy as ``config`` says: a fixed K, or for draft_length "auto" an
+    ``AutoDraftLength`` (``PolicySetting.policy``)."""
+    return policy_setting(config).policy()
 
 
 def generation_settings(config: Config) -> GenerationSettings:
@@ -160,19 +162,16 @@ def generation_settings(config: Config) -> GenerationSettings:
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
-                  history: HistoryStore | None = None, keep_index: bool = False) -> ChatSession:
+                  history: HistoryStore | None = None) -> ChatSession:
     """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
-    With ``history`` the default drafter's suffix index covers its chats: the session's
-    ``history_index`` (``load_history_index``), which the conversation keeps told of the open
-    chat and of deleted ones. ``keep_index``: without a history too, the session holds the
-    default drafter's suffix index (empty at first: the API server's index of what it served)."""
+    With ``history`` the default drafter's suffix index covers its chats
+    (``load_history_index``); each reply's hints say which of them it continues and which were
+    deleted (``DraftHints``)."""
     target = load_backend(config.target, "target", config, progress)
-    index: SuffixSource | None = None
+    free_sources = with_draft and config.drafter in ("ngram", "ngram+model")
     try:
-        if with_draft and config.drafter in ("ngram", "ngram+model") and (
-                history is not None or keep_index):
-            index = load_history_index(history, target, config) if history is not None else (
-                SuffixSource(HistoryCorpus()))
+        index = load_history_index(history, target, config) if (
+            free_sources and history is not None) else None
         drafter = make_drafter(config, target, progress, history_index=index) if (
             with_draft) else None
     except Exception:
@@ -180,7 +179,7 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
         raise
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
-                       config.system_prompt, runtime_notes(config), index)
+                       config.system_prompt, runtime_notes(config), takes_prediction=free_sources)
 
 
 def build_session_over_history(config: Config, progress: LoadProgress = _quiet,

@@ -22,10 +22,10 @@ comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the hist
 index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
 chat's text being written again) even before the edits, unless they are in a confident run. Each
 source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
-given a predicted output (``predict``: ``chatapp.drafters.prediction``): where it proposes what
-the edits do, the two are one proposal, budgeted under whichever of their kinds has the larger
-budget; else it comes first when the edits propose nothing or its cursor is the more confident,
-else just before the lookup.
+given a predicted output (``DraftHints.predicted``: ``chatapp.drafters.prediction``): where it
+proposes what the edits do, the two are one proposal, budgeted under whichever of their kinds has
+the larger budget; else it comes first when the edits propose nothing or its cursor is the more
+confident, else just before the lookup.
 
 ``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
 draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
@@ -47,6 +47,7 @@ from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
     LONGEST_FREE_DRAFT,
     DraftBudget,
+    DraftHints,
     Proposal,
     ShadowScore,
 )
@@ -186,7 +187,6 @@ class NgramDrafter:
         self._seen: Any = None  # the context object last synced (the engine appends to it)
         self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
         self._scores: list[ShadowScore] = []  # settled since the last proposal
-        self._predicted: list[int] | None = None  # the next reply's predicted tokens
         self.prediction: PredictionSource | None = None  # the reply's, from its prefill on
         self._replays = self._new_replays(0)
 
@@ -194,16 +194,14 @@ class NgramDrafter:
     def name(self) -> str:
         return "ngram"
 
-    def predict(self, tokens: Sequence[int] | None) -> None:
-        """The replies from the next ``prefill`` on are expected to be ``tokens`` (a predicted
-        output); None: no prediction (the caller clears it after the reply)."""
-        self._predicted = list(tokens) if tokens else None
-        self.prediction = None
-
-    def prefill(self, context: Sequence[int]) -> None:
-        # the engine feeds the prompt's last token with the first step: the reply starts after it
-        self.prediction = None if self._predicted is None else PredictionSource(
-            self._predicted, len(context) + 1, self.ends_line)
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        """A reply starts: its predicted output (``hints.predicted``) becomes a source until the
+        next ``prefill``, the suffix index follows the hints' document (``SuffixSource.follow``),
+        and every source is fed ``context``."""
+        self.prediction = PredictionSource(hints.predicted, len(context) + 1, self.ends_line) if (
+            hints.predicted) else None
+        if self.suffix is not None:
+            self.suffix.follow(hints)
         self.sync(context, score=False)
         if self._tracker is not None:
             self._tracker.start_reply()  # a new reply: its own edits

@@ -13,14 +13,14 @@ exactly like every other source's and the policy learns how far to trust each: a
 make a reply faster, never different; a wrong one costs a few rejected drafts until the policy's
 shadow scores give it a budget of 0.
 
-``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
-``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
-too (the code to edit), which the speculative edits already follow: where the two propose the same
-continuation (``agree``) it is one proposal, budgeted under whichever of the two kinds the policy
-trusts with more tokens (the prediction's kinds are the family ``PREDICTION_SOURCE``, whose
-acceptance a policy carries from one predicted reply to the next, while the edits' is relearnt
-every reply); where they differ, ``ahead_of_edits`` lets the prediction draft first only where its
-cursor is the more confident of the two.
+``NgramDrafter.prefill`` makes one for the reply whose hints carry a prediction
+(``DraftHints.predicted``); the next reply's ``prefill`` ends it. The prompt usually quotes the
+predicted text too (the code to edit), which the speculative edits already follow: where the two
+propose the same continuation (``agree``) it is one proposal, budgeted under whichever of the two
+kinds the policy trusts with more tokens (the prediction's kinds are the family
+``PREDICTION_SOURCE``, whose acceptance a policy carries from one predicted reply to the next, while
+the edits' is relearnt every reply); where they differ, ``ahead_of_edits`` lets the prediction draft
+first only where its cursor is the more confident of the two.
 """
 
 from __future__ import annotations

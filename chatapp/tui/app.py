@@ -231,10 +231,12 @@ class SpecChatApp(App[int]):
     # -- keys -----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Esc stops something only while there is something to stop (a reply, a replay, a
+        queued message, an edit): else the footer does not offer it."""
         if action == "stop":
             view = self._view
             waiting = view is not None and (view.pending is not None or view.editing is not None)
-            return True if self.chat.busy or waiting else None
+            return self.chat.busy or waiting
         return True
 
     def action_stop(self) -> None:

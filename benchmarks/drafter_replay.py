@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench import load_prompts
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.edits import line_end_test
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.suffix import SuffixSource

@@ -336,10 +336,10 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str] = ()) -> int:
     """Stream one reply to stdout, the ``files`` attached to the prompt; Ctrl-C stops it
     cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.assembly.loader import build_session
     from chatapp.chat.attachments import read_attachment
     from chatapp.chat.conversation import Conversation
     from chatapp.chat.events import DoneEvent, TokenEvent, format_summary
-    from chatapp.chat.loader import build_session
     from chatapp.chat.turns import ChatEvent, PlanEvent
     from chatapp.settings.config import rpc_label
 
@@ -395,7 +395,7 @@ def _cancel_on_interrupt(cancel: threading.Event) -> None:
 
 def models_command(config: Config) -> int:
     """`specchat models`: the known models, what is installed, and which file runs and why."""
-    from chatapp.chat.models import model_report
+    from chatapp.assembly.models import model_report
 
     print("\n".join(model_report(config)))
     return 0

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from textual import events
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
-from chatapp.chat.loader import generation_settings
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import PromptPlan
+from chatapp.chat.reply_settings import generation_settings
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import DraftPolicy

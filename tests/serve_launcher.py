@@ -32,7 +32,7 @@ FAKE_MODEL_OPTIONS = ["--draft", "fake-draft", "--target", "fake-target", "-k", 
 def fake_factory(max_tokens: int, delay_s: float, endless: bool):  # noqa: ANN201
     """A session factory on fakes with the default drafter, as ``build_session`` makes it."""
     from chatapp.backends.fake import FakeBackend
-    from chatapp.chat.loader import generation_settings
+    from chatapp.chat.reply_settings import generation_settings
     from chatapp.chat.session import ChatSession
     from chatapp.drafters.combined import NgramModelDrafter
     from chatapp.drafters.edits import line_end_test

@@ -126,8 +126,9 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     """The default drafter's suffix index holds the saved chats' text: a new chat's text is kept
     under its id once saved, and a deleted chat leaves it with the next reply (each reply's
     ``DraftHints`` say which chat it is and which were deleted)."""
+    from chatapp.assembly.loader import load_history_index, make_drafter
     from chatapp.backends.fake import FakeBackend
-    from chatapp.chat.loader import generation_settings, load_history_index, make_drafter
+    from chatapp.chat.reply_settings import generation_settings
     from chatapp.chat.session import ChatSession
     from chatapp.engine.loop import SpeculativeEngine
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.context import ContextFullError, ContextUse, view_start_note
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.history import HistoryStore
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.session import ChatSession
 from chatapp.chat.turns import PlanEvent
 from chatapp.engine.loop import ContextOverflowError

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from benchmarks.drafter_replay import ceiling_speedup, conversation_chats, main, replay
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.lookup import NgramDrafter
 
 

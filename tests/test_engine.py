@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import NO_HINTS
 from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource

@@ -8,9 +8,7 @@ import threading
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage
-from chatapp.chat.conversation import Conversation
-from chatapp.chat.exchange import (
+from chatapp.api.exchange import (
     ChatExchange,
     ExchangeDone,
     ExchangeRequest,
@@ -20,9 +18,11 @@ from chatapp.chat.exchange import (
     ReplyDelta,
     prediction_overlap,
 )
+from chatapp.api.served import SERVED, ServedChats
+from chatapp.api.stops import StopScanner
+from chatapp.chat.conversation import Conversation
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.served import SERVED, ServedChats
-from chatapp.chat.stops import StopScanner
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine.events import TokenSource

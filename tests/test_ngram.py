@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chatapp.chat.loader as loader
+import chatapp.assembly.loader as loader
 import chatapp.policy.draft_length as draft_length
 from chatapp.backends.fake import FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter

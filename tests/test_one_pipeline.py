@@ -9,10 +9,10 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-import chatapp.chat.loader
+import chatapp.assembly.loader
 import chatapp.web
-from chatapp.backends.chat_template import ChatMessage
-from chatapp.chat.exchange import ChatExchange, ExchangeDone, ExchangeRequest
+from chatapp.api.exchange import ChatExchange, ExchangeDone, ExchangeRequest
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import PromptPlan
 from chatapp.chat.session import ChatSession
 from chatapp.cli import run_command
@@ -56,7 +56,7 @@ def replies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Replies]:
 
     monkeypatch.setattr(ChatSession, "reply", recording)
     factory = tui_fake_factory(max_tokens=CONFIG.max_tokens)
-    monkeypatch.setattr(chatapp.chat.loader, "build_session",
+    monkeypatch.setattr(chatapp.assembly.loader, "build_session",
                         lambda config, progress, with_draft=True: factory(config, progress))
     handler = signal.getsignal(signal.SIGINT)
     yield recorded

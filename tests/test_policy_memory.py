@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import chatapp.chat.loader as loader
+import chatapp.assembly.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.model import ModelDrafter

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
+from chatapp.assembly.loader import make_drafter  # noqa: E402
 from chatapp.backends.catalog import (  # noqa: E402
     CATALOG,
     DEFAULT_DRAFT,
@@ -40,9 +41,8 @@ from chatapp.backends.catalog import (  # noqa: E402
     ensure_model,
     missing_parts,
 )
-from chatapp.backends.chat_template import ChatMessage  # noqa: E402
 from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
-from chatapp.chat.loader import make_drafter  # noqa: E402
+from chatapp.chat.message import ChatMessage  # noqa: E402
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import (
     DraftBudget,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import chatapp.chat.loader as loader
+import chatapp.assembly.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.history import HistoryStore
 from chatapp.drafters.lookup import NgramDrafter

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer, rotated
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.settings.config import Config
 
 CONVERSATION_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_conversation.json"

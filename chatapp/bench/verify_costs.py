@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.engine.contracts import LONGEST_FREE_DRAFT
 from chatapp.engine.kv import evaluate_sequence
 from chatapp.settings.config import Config

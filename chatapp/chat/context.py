@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, check_fits, message_text
+from chatapp.chat.message import ChatMessage
 from chatapp.errors import UserFacingError
 
 if TYPE_CHECKING:

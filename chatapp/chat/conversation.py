@@ -27,12 +27,12 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.chats import SavedChats
 from chatapp.chat.context import ContextUse, check_message, check_room, measure
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import generation_settings, policy_setting
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_settings import generation_settings, policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending, k_label
 from chatapp.chat.session import ChatSession
 from chatapp.chat.turns import (

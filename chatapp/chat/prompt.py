@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.message import ChatMessage
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.errors import UserFacingError
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import (
     TRIM_OLDEST,
     PromptPlan,

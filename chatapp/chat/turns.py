@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.history import StoredMessage
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_values import DraftLengthUse, Ending, k_text
 from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.engine.loop import GenerationSettings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from chatapp.assembly.loader import layout_plan
 from chatapp.backends.catalog import (
     CATALOG,
     ModelSpec,
@@ -12,7 +13,6 @@ from chatapp.backends.catalog import (
     missing_parts,
 )
 from chatapp.backends.layouts import prepared_path, prepared_sha256
-from chatapp.chat.loader import layout_plan
 from chatapp.settings.config import Config
 
 

@@ -9,7 +9,7 @@ a prompt that leaves no room for a reply raises ``PromptTooLongError``). The pre
 travels in the reply's hints (``DraftHints.predicted``) and becomes a source of the default
 drafter for that reply only (``chatapp.drafters.prediction``), verified like every other; the
 reply's text goes into the drafter's suffix index under a key of its own
-(``chatapp.chat.served``), and into the history only with ``save``. One draft length handle
+(``chatapp.api.served``), and into the history only with ``save``. One draft length handle
 (``DraftLength``) lives across exchanges and starts from what the last run on this machine and
 pair measured, as the app's does.
 
@@ -25,14 +25,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.api.served import ServedChats
+from chatapp.api.stops import Piece, StopScanner
+from chatapp.assembly.loader import LoadProgress, build_session
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import LoadProgress, build_session, policy_setting
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
+from chatapp.chat.reply_settings import policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending
-from chatapp.chat.served import ServedChats
 from chatapp.chat.session import ChatSession, ReplyOverrides
-from chatapp.chat.stops import Piece, StopScanner
 from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats

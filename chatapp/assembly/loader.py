@@ -15,11 +15,12 @@ from pathlib import Path
 
 from chatapp.backends.base import Backend
 from chatapp.backends.catalog import CATALOG, resolve_model
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
 from chatapp.backends.memory_estimate import check_fits
 from chatapp.chat.attachments import message_text
 from chatapp.chat.history import HistoryError, HistoryStore, StoredMessage
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_settings import generation_settings, policy_setting
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.edits import line_end_test
@@ -28,9 +29,7 @@ from chatapp.drafters.model import ModelDrafter
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine.contracts import Drafter, DraftPolicy
-from chatapp.engine.loop import GenerationSettings, SpeculativeEngine, check_compatible
-from chatapp.engine.sampling import SamplingParams
-from chatapp.policy.draft_length import PolicySetting
+from chatapp.engine.loop import SpeculativeEngine, check_compatible
 from chatapp.settings.config import Config
 
 LoadProgress = Callable[[str, float | None], None]
@@ -145,20 +144,10 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
     return model
 
 
-def policy_setting(config: Config) -> PolicySetting:
-    """What ``config`` says of the draft length, with the setup its measurements are kept for."""
-    return PolicySetting(config.fixed_draft_length, tuple(config.measured_setup()))
-
-
 def make_policy(config: Config) -> DraftPolicy:
     """A fresh policy as ``config`` says: a fixed K, or for draft_length "auto" an
     ``AutoDraftLength`` (``PolicySetting.policy``)."""
     return policy_setting(config).policy()
-
-
-def generation_settings(config: Config) -> GenerationSettings:
-    sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
-    return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,

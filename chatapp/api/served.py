@@ -19,13 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.history import HistoryStore
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.terminal_text import printable_line
-from chatapp.drafters.suffix_index import ChatKey
 from chatapp.engine.contracts import DraftHints
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
@@ -51,8 +50,8 @@ class ServedChats:
         self.target = target
         self._served = 0
         self._chats: OrderedDict[str, int] = OrderedDict()  # conversation digest -> chat id
-        self._key: ChatKey | None = None  # the index key of the latest exchange
-        self._renamed: dict[ChatKey, ChatKey] = {}  # saved since the last exchange: key -> chat
+        self._key: Hashable | None = None  # the index key of the latest exchange
+        self._renamed: dict[Hashable, Hashable] = {}  # saved since the last exchange: key -> chat
 
     def hints(self, messages: Sequence[ChatMessage], predicted: Sequence[int] = (),
               ) -> tuple[int | None, DraftHints]:
@@ -60,7 +59,7 @@ class ServedChats:
         hints (its text under a key of its own in the index, with the ``predicted`` output's
         tokens); ``begin`` makes them the exchange's once its prompt is accepted."""
         chat = self._chats.get(conversation_key(messages[:-1])) if messages else None
-        key: ChatKey = chat if chat is not None else (SERVED, self._served + 1)
+        key: Hashable = chat if chat is not None else (SERVED, self._served + 1)
         return chat, DraftHints(tuple(predicted), key, self._renamed)
 
     def begin(self, hints: DraftHints) -> None:

@@ -9,7 +9,7 @@ import chatapp.assembly.loader as loader
 import chatapp.policy.draft_length as draft_length
 from chatapp.backends.fake import FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
-from chatapp.drafters.lookup import NgramDrafter, NgramIndex
+from chatapp.drafters.lookup import Lookaheads, NgramDrafter, NgramIndex
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import NO_HINTS, DraftBudget, one_hot_rows
 from chatapp.engine.events import DoneEvent, TokenEvent
@@ -171,7 +171,8 @@ def test_deferred_drafter_drops_stale_tokens_when_the_conversation_changes() -> 
 
 
 def test_shadow_scoring_reports_would_be_acceptance() -> None:
-    drafter = NgramDrafter(vocab_size=20, lookahead=3, kind_by_context=False, edits=False)
+    drafter = NgramDrafter(vocab_size=20, kind_by_context=False, edits=False,
+                           lookaheads=Lookaheads(lookup=3))
     context = [1, 2, 3, 4, 9]
     drafter.prefill(context, NO_HINTS)
     # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...

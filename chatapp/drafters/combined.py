@@ -44,7 +44,7 @@ class NgramModelDrafter:
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.ngram.sync(context, score=True)
-        proposal = self.ngram.proposal(*self.ngram.choose(budget))
+        proposal = self.ngram.proposal(self.ngram.choose(budget))
         if proposal.tokens:
             return self._filled(context, proposal, budget.most, params, rng)
         drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)

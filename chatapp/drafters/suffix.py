@@ -1,9 +1,9 @@
 """The history-wide suffix index as a draft source: the open conversation is one of the corpus's
 chats, kept in step with the context the engine drafts for.
 
-``SuffixSource`` is what ``NgramDrafter`` consults after the speculative edits and before the
-n-gram lookup (and so before the draft model in "ngram+model"): it proposes only when the corpus
-has a confident continuation (``HistoryCorpus.propose``), up to ``MAX_PROPOSAL`` tokens, one-hot.
+``SuffixSource`` (a ``chatapp.drafters.sources.Source``) is one of the default drafter's free
+sources (ranked by ``chatapp.drafters.sources.ranked``): it proposes only when the corpus has a
+confident continuation (``HistoryCorpus.propose``), up to ``MAX_PROPOSAL`` tokens, one-hot.
 
 Which document the context is comes with each reply's hints (``follow``: ``DraftHints.document``,
 with the documents renamed or forgotten since the last reply); the context the drafter follows
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from chatapp.drafters.sources import Candidate
 from chatapp.drafters.suffix_index import MAX_PROPOSAL, ChatKey, HistoryCorpus
 from chatapp.engine.contracts import DraftHints
 
@@ -64,8 +65,8 @@ class SuffixSource:
         """The context grew by ``token``."""
         self.corpus.extend_chat(self.chat, (token,))
 
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
-        """Up to ``min(k, MAX_PROPOSAL)`` tokens continuing ``context`` and their kind
-        ("suffix-long" or "suffix-short"); empty when the corpus is not confident."""
+    def propose(self, context: Sequence[int], k: int) -> Candidate:
+        """Up to ``min(k, MAX_PROPOSAL)`` tokens continuing ``context``, of kind "suffix-long" or
+        "suffix-short"; empty when the corpus is not confident."""
         proposal = self.corpus.propose(context, min(k, MAX_PROPOSAL))
-        return proposal.tokens, proposal.kind
+        return Candidate(proposal.tokens, proposal.kind)

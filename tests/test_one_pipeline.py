@@ -3,7 +3,6 @@ through ``ChatSession.reply``, and the same messages give the same greedy reply 
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -35,7 +34,7 @@ class Replies:
 
 
 @pytest.fixture
-def replies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Replies]:
+def replies(monkeypatch: pytest.MonkeyPatch) -> Replies:
     recorded = Replies()
     reply = ChatSession.reply
 
@@ -58,9 +57,7 @@ def replies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Replies]:
     factory = tui_fake_factory(max_tokens=CONFIG.max_tokens)
     monkeypatch.setattr(chatapp.assembly.loader, "build_session",
                         lambda config, progress, with_draft=True: factory(config, progress))
-    handler = signal.getsignal(signal.SIGINT)
-    yield recorded
-    signal.signal(signal.SIGINT, handler)  # run_command's Ctrl-C handler goes with the test
+    return recorded  # run_command's Ctrl-C handler goes with the test (own_interrupt_handler)
 
 
 async def test_the_app_run_web_and_api_reply_through_one_pipeline_alike(

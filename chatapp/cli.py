@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--file", dest="files", action="append", default=[], metavar="PATH",
                      help="attach this text file to the prompt (repeatable)")
     commands.add_parser("models", parents=[common], help="list known models and what is installed")
+    _add_bench_parser(commands, common)
+    _add_rpc_server_parser(commands)
+    add_chats_parser(commands)
+    return parser
+
+
+def _add_bench_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``specchat bench`` and its options."""
     bench = commands.add_parser("bench", parents=[common], help="measure speculative vs plain")
     bench.add_argument("--json", dest="json_path", type=Path, help="also write results here")
     bench.add_argument("--prompts", help="a count (the first N), or comma-separated prompt ids "
@@ -181,9 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
                       "shipped, q8_0, q4_0 or a GGUF path, optionally followed by /noamx")
     bench.add_argument("--fidelity-reference", metavar="REFERENCE", default="shipped",
                        help="the reference of --fidelity (default: shipped)")
-    _add_rpc_server_parser(commands)
-    add_chats_parser(commands)
-    return parser
 
 
 def model_argv(args: argparse.Namespace) -> list[str]:
@@ -337,10 +342,10 @@ def _stderr_progress(message: str, fraction: float | None) -> None:
 def run_command(config: Config, prompt: str, as_json: bool, files: Sequence[str] = ()) -> int:
     """Stream one reply to stdout, the ``files`` attached to the prompt; Ctrl-C stops it
     cleanly (a second Ctrl-C quits at once)."""
+    from chatapp.assembly.loader import build_session
     from chatapp.chat.attachments import read_attachment
     from chatapp.chat.conversation import Conversation
     from chatapp.chat.events import DoneEvent, TokenEvent, format_summary
-    from chatapp.chat.loader import build_session
     from chatapp.chat.turns import ChatEvent, PlanEvent
     from chatapp.settings.config import rpc_label
 
@@ -396,7 +401,7 @@ def _cancel_on_interrupt(cancel: threading.Event) -> None:
 
 def models_command(config: Config) -> int:
     """`specchat models`: the known models, what is installed, and which file runs and why."""
-    from chatapp.chat.models import model_report
+    from chatapp.assembly.models import model_report
 
     print("\n".join(model_report(config)))
     return 0

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from textual import events
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import FakeBackend
-from chatapp.chat.loader import generation_settings
-from chatapp.chat.session import ChatSession, PromptPlan
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.prompt import PromptPlan
+from chatapp.chat.reply_settings import generation_settings
+from chatapp.chat.session import ChatSession
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import DraftPolicy
 from chatapp.engine.events import Event, StepEvent
@@ -50,9 +51,9 @@ class RecordingSession(ChatSession):
         self.events: list[Event] = []
         self.turns: list[list[Event]] = []
 
-    def stream(self, messages: Sequence[ChatMessage], policy: DraftPolicy,
-               cancel: threading.Event | None = None) -> tuple[PromptPlan, Iterator[Event]]:
-        plan, events = super().stream(messages, policy, cancel)
+    def reply(self, messages: Sequence[ChatMessage], policy: DraftPolicy,
+              **options: object) -> tuple[PromptPlan, Iterator[Event]]:
+        plan, events = super().reply(messages, policy, **options)  # type: ignore[arg-type]
         turn: list[Event] = []
         self.turns.append(turn)
 
@@ -99,8 +100,8 @@ def tui_fake_factory(max_tokens: int = 40, delay_s: float = 0.0, n_ctx: int = 40
 @pytest.fixture(autouse=True)
 def private_state_dir(tmp_path_factory: pytest.TempPathFactory,
                       monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The auto policy's memory (``chatapp.policy.memory``) goes to a folder of the test's own,
-    never to the user's state dir."""
+    """The auto policy's memory (``chatapp.policy.measurements``) goes to a folder of the
+    test's own, never to the user's state dir."""
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     return state

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str]) -> int:
-    import chatapp.chat.loader
+    import chatapp.assembly.loader
     from chatapp.cli import main as cli_main
     from tests.serve_launcher import FAKE_MODEL_OPTIONS, fake_factory
 
     factory = fake_factory(40, 0.0, False)
-    chatapp.chat.loader.build_session = (  # type: ignore[assignment]
+    chatapp.assembly.loader.build_session = (  # type: ignore[assignment]
         lambda config, progress, **_: factory(config, progress))
     return cli_main(["run", *FAKE_MODEL_OPTIONS, *argv])
 

@@ -32,7 +32,7 @@ FAKE_MODEL_OPTIONS = ["--draft", "fake-draft", "--target", "fake-target", "-k", 
 def fake_factory(max_tokens: int, delay_s: float, endless: bool):  # noqa: ANN201
     """A session factory on fakes with the default drafter, as ``build_session`` makes it."""
     from chatapp.backends.fake import FakeBackend
-    from chatapp.chat.loader import generation_settings
+    from chatapp.chat.reply_settings import generation_settings
     from chatapp.chat.session import ChatSession
     from chatapp.drafters.combined import NgramModelDrafter
     from chatapp.drafters.edits import line_end_test
@@ -46,14 +46,13 @@ def fake_factory(max_tokens: int, delay_s: float, endless: bool):  # noqa: ANN20
     def factory(config, progress):  # noqa: ANN001, ANN202
         target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=config.n_ctx,
                                                                   delay_s=delay_s)
-        index = SuffixSource(HistoryCorpus())
-        ngram = NgramDrafter(target.vocab_size, suffix=index,
+        ngram = NgramDrafter(target.vocab_size, suffix=SuffixSource(HistoryCorpus()),
                              ends_line=line_end_test(target.token_bytes))
         drafter = NgramModelDrafter(ngram, ModelDrafter(FakeBackend(noise=1.0,
                                                                     n_ctx=config.n_ctx)))
         settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         return ChatSession(SpeculativeEngine(target, drafter), settings, seed=0,
-                           system_prompt=config.system_prompt, history_index=index)
+                           system_prompt=config.system_prompt, takes_prediction=True)
 
     return factory
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.backends import amx_guard, amx_probe
-from chatapp.backends.amx_guard import Guard, build_has_amx, cpu_flags, plan_guard
+from chatapp.backends.amx_guard import AmxGuard, build_has_amx, cpu_flags, plan_guard
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"})
@@ -24,13 +24,13 @@ NO_AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | OPENMP = 1 | REP
 
 
 @pytest.mark.parametrize("flags, info, can_filter, safe, expected", [
-    (SAPPHIRE_RAPIDS, AMX_BUILD, True, False, Guard.DENY_PERMISSION),  # GCC 12, no fix
-    (SAPPHIRE_RAPIDS, AMX_BUILD, False, False, Guard.NO_EXTRA_BUFFERS),
-    (SAPPHIRE_RAPIDS, AMX_BUILD, True, True, Guard.NONE),  # the README's build: AMX on
-    (SAPPHIRE_RAPIDS, NO_AMX_BUILD, True, False, Guard.NONE),  # AMX compiled out
-    (EPYC, AMX_BUILD, True, False, Guard.NONE),  # a build with AMX on a CPU without it
-    (EPYC, NO_AMX_BUILD, True, False, Guard.NONE),
-    (SAPPHIRE_RAPIDS - {"amx_int8"}, AMX_BUILD, True, False, Guard.NONE),
+    (SAPPHIRE_RAPIDS, AMX_BUILD, True, False, AmxGuard.DENY_PERMISSION),  # GCC 12, no fix
+    (SAPPHIRE_RAPIDS, AMX_BUILD, False, False, AmxGuard.NO_EXTRA_BUFFERS),
+    (SAPPHIRE_RAPIDS, AMX_BUILD, True, True, AmxGuard.NONE),  # the README's build: AMX on
+    (SAPPHIRE_RAPIDS, NO_AMX_BUILD, True, False, AmxGuard.NONE),  # AMX compiled out
+    (EPYC, AMX_BUILD, True, False, AmxGuard.NONE),  # a build with AMX on a CPU without it
+    (EPYC, NO_AMX_BUILD, True, False, AmxGuard.NONE),
+    (SAPPHIRE_RAPIDS - {"amx_int8"}, AMX_BUILD, True, False, AmxGuard.NONE),
 ])
 def test_the_guard_is_planned_from_cpu_build_and_probe(flags, info, can_filter, safe,
                                                        expected) -> None:
@@ -67,8 +67,8 @@ def test_cpu_flags_come_from_cpuinfo(tmp_path: Path) -> None:
 
 
 def test_the_note_names_the_fix() -> None:
-    assert amx_guard.guard_note(Guard.NONE) is None
-    for guard in (Guard.DENY_PERMISSION, Guard.NO_EXTRA_BUFFERS):
+    assert amx_guard.guard_note(AmxGuard.NONE) is None
+    for guard in (AmxGuard.DENY_PERMISSION, AmxGuard.NO_EXTRA_BUFFERS):
         note = amx_guard.guard_note(guard)
         assert "20824" in note and FULL_BUILD_COMMAND in note
 
@@ -117,7 +117,7 @@ amx_guard.cpu_flags = lambda: frozenset({{"amx_tile", "amx_int8"}})
 amx_guard.build_has_amx = lambda info: True
 amx_probe.amx_is_safe = lambda library_dir: False  # as a build without the fix
 backend = LlamaCppBackend({str(path)!r}, n_ctx=256)
-assert llama_runtime._guard is amx_guard.Guard.DENY_PERMISSION, llama_runtime._guard
+assert llama_runtime._guard is amx_guard.AmxGuard.DENY_PERMISSION, llama_runtime._guard
 assert amx_guard.request_amx_permission() == errno.EPERM
 assert backend.evaluate(backend.tokenize("one two three four five six"), 3).shape[0] == 3
 notes = llama_runtime.runtime_notes()
@@ -135,9 +135,9 @@ def test_without_a_filter_models_load_without_extra_buffers(monkeypatch) -> None
 
     backend = object.__new__(LlamaCppBackend)
     backend._lib = llama_cpp
-    monkeypatch.setattr(llama_runtime, "_guard", Guard.NO_EXTRA_BUFFERS)
+    monkeypatch.setattr(llama_runtime, "_guard", AmxGuard.NO_EXTRA_BUFFERS)
     assert backend._model_params(0, False, True).use_extra_bufts is False
-    monkeypatch.setattr(llama_runtime, "_guard", Guard.NONE)
+    monkeypatch.setattr(llama_runtime, "_guard", AmxGuard.NONE)
     assert backend._model_params(0, False, True).use_extra_bufts is True
 
 

@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
+import chatapp.assembly.loader
 import chatapp.chat.attachments
-import chatapp.chat.loader
 from chatapp.bench import load_prompts, select_prompts
 from chatapp.chat.attachments import (
     Attachment,
@@ -111,7 +111,7 @@ def test_a_file_too_big_for_the_context_is_refused_and_nothing_is_saved(chat):
     big = Attachment("big.txt", "text", "spec ulative " * 200)
     with_file = session.message_tokens(message_text("summarise", [big]))
     needed = with_file - session.message_tokens("summarise")
-    left = session.engine.target.n_ctx - session.reply_room - session.message_tokens("summarise")
+    left = session.n_ctx - session.reply_room - session.message_tokens("summarise")
     assert needed > left > 0
     with pytest.raises(AttachmentError, match=f"needs {needed:,} tokens and {left:,} are left"):
         chat.begin("summarise", [big])
@@ -163,7 +163,7 @@ def fake_models(monkeypatch, tmp_path):
         loads.append(config.target)
         return factory(config, progress)
 
-    monkeypatch.setattr(chatapp.chat.loader, "build_session", build)
+    monkeypatch.setattr(chatapp.assembly.loader, "build_session", build)
     begun = []
     begin = Conversation.begin
     monkeypatch.setattr(Conversation, "begin",
@@ -216,9 +216,9 @@ def test_specchat_run_refuses_a_file_in_one_line(folder, fake_models, capsys, na
 def test_the_drafters_history_index_holds_past_chats_with_their_files(tmp_path):
     """The suffix index over the history renders a saved message as the models saw it, so a
     file attached in an earlier chat is a source for the drafter too."""
-    from chatapp.backends.chat_template import ChatMessage
+    from chatapp.assembly.loader import load_history_index
     from chatapp.backends.fake import FakeBackend
-    from chatapp.chat.loader import load_history_index
+    from chatapp.chat.message import ChatMessage
 
     history = HistoryStore(tmp_path / "history.sqlite3")
     chat = history.create_chat("earlier")

@@ -293,7 +293,7 @@ def test_busy_processes_run_beside_the_bench_and_stop() -> None:
 def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
     """Turn n's prompt is the whole chat so far: it holds every earlier user turn and reply."""
     from chatapp.bench.conversation import (
-        Conversation,
+        ScriptedConversation,
         conversation_command,
         load_conversation,
         reply_text,
@@ -302,7 +302,7 @@ def test_conversation_is_run_as_one_chat(tmp_path: Path) -> None:
     from chatapp.bench.runner import Bench
 
     assert len(load_conversation().turns) == 4  # write, then three changes
-    conversation = Conversation("c", ("the spec token", "and the draft", "is the target"))
+    conversation = ScriptedConversation("c", ("the spec token", "and the draft", "is the target"))
     target = FakeBackend()
     bench = Bench(Config(seed=0), BenchBackends(target, FakeBackend(noise=1.0)),
                   [RunSpec(None), RunSpec("model", 2)], 20, io.StringIO())

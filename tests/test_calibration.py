@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from chatapp.assembly.loader import ensure_calibration
 from chatapp.backends.fake import FakeBackend
-from chatapp.chat.loader import ensure_calibration
 from chatapp.engine.calibration import Calibration, measure
 from chatapp.engine.contracts import DraftBudget, Proposal
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine

@@ -10,8 +10,8 @@ import pytest
 from chatapp.chat.conversation import ChatActionError, Conversation
 from chatapp.chat.events import StepEvent, TokenEvent, TurnStats
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.turns import ChatEntry, PlanEvent, Turn, k_label
-from chatapp.policy.fixed import FixedDraftLength
+from chatapp.chat.reply_values import Ending, k_label
+from chatapp.chat.turns import ChatEntry, PlanEvent, Turn
 from chatapp.settings.config import Config
 from tests.conftest import tui_fake_factory
 
@@ -48,7 +48,9 @@ def test_a_turn_is_saved_with_its_stats_and_added_to_the_chat(chat):
     reply = chat.entries[1]
     assert saved(chat) == [("user", "hello"), ("assistant", reply.content)] and reply.content
     stored = chat.history.messages(chat.chat_id)[1]
-    assert stored.stats == reply.stats and stored.meta["k"] == reply.k_label == "3"
+    assert stored.stats == reply.stats and reply.k_label == "3"
+    assert stored.meta["k"] == {"mode": "fixed", "start": 3, "ks": [3]}  # numbers, not a label
+    assert reply.finish_reason in (Ending.STOP, Ending.LENGTH)
 
 
 def test_run_applies_every_event_and_fails_the_turn_when_a_front_end_raises(chat):
@@ -121,10 +123,12 @@ def test_reconfigure_says_when_the_models_must_load_again(chat):
 
 
 def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_ones(tmp_path):
-    """The default drafter's suffix index (``session.history_index``) holds the saved chats'
-    text: a new chat's text is kept under its id once saved, and a deleted chat leaves it."""
+    """The default drafter's suffix index holds the saved chats' text: a new chat's text is kept
+    under its id once saved, and a deleted chat leaves it with the next reply (each reply's
+    ``DraftHints`` say which chat it is and which were deleted)."""
+    from chatapp.assembly.loader import load_history_index, make_drafter
     from chatapp.backends.fake import FakeBackend
-    from chatapp.chat.loader import generation_settings, load_history_index, make_drafter
+    from chatapp.chat.reply_settings import generation_settings
     from chatapp.chat.session import ChatSession
     from chatapp.engine.loop import SpeculativeEngine
 
@@ -137,16 +141,19 @@ def test_the_drafters_history_index_follows_the_open_chat_and_forgets_deleted_on
     assert index.corpus.chats() == [old]
     engine = SpeculativeEngine(target, make_drafter(config, target, history_index=index))
     conversation = Conversation(config, history)
-    conversation.attach(ChatSession(engine, generation_settings(config), 0, history_index=index))
+    conversation.attach(ChatSession(engine, generation_settings(config), 0))
     conversation.open_chat(None)
     run(conversation, conversation.begin("the draft token"))
     new = conversation.chat_id
     assert new is not None and index.chat == new
     assert set(index.corpus.chats()) == {old, new} and len(index.corpus.document(new)) > 0
     conversation.chats.delete(old)
-    assert history.get_chat(old) is None and index.corpus.chats() == [new]
-    conversation.open_chat(old := history.create_chat("another", "d", "t"))
-    assert index.chat == old
+    assert history.get_chat(old) is None
+    run(conversation, conversation.begin("the spec"))
+    assert index.corpus.chats() == [new]
+    conversation.open_chat(other := history.create_chat("another", "d", "t"))
+    run(conversation, conversation.begin("the draft"))
+    assert index.chat == other and set(index.corpus.chats()) == {new, other}
     conversation.close()
     history.close()
 
@@ -159,7 +166,7 @@ def test_k_plus_or_minus_one_turns_an_adaptive_policy_into_a_fixed_k_that_stays(
     chosen = chat.policy.current_k()
     assert chat.policy.adaptive and chat.k_label == f"auto({chosen})"
     assert chat.adjust_draft_length(-1) == chosen - 1
-    assert isinstance(chat.policy.inner, FixedDraftLength) and chat.k_label == str(chosen - 1)
+    assert not chat.policy.adaptive and chat.k_label == str(chosen - 1)
     for _load in range(2):  # the user's K outlives a load, and the load of another pair
         chat.release()
         chat.attach(tui_fake_factory()(config, lambda *_: None))

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.context import ContextFullError, ContextUse, view_start_note
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.history import HistoryStore
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.session import ChatSession
 from chatapp.chat.turns import PlanEvent
 from chatapp.engine.loop import ContextOverflowError
@@ -91,7 +91,7 @@ def test_drop_oldest_leaves_whole_turns_out_never_the_system_prompt_or_the_new_m
     kept = turn.messages[4:]
     assert [(m.role, m.content) for m in kept] == turns(2) + [("user", NEW)]
     prompt = chat.session.prompt(kept)
-    assert list(chat.session.engine.target.cached_tokens[:116]) == prompt
+    assert list(chat.session._engine.target.cached_tokens[:116]) == prompt
     assert prompt[:SYSTEM] == chat.session.prompt([])[:SYSTEM]  # the system prompt stays
     assert len(saved(chat)) == 10  # out of the prompt, never out of the chat
     note = view_start_note(plan.dropped_messages)

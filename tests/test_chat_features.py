@@ -95,7 +95,7 @@ async def test_f8_replays_the_reply_at_k0_and_keeps_the_speedup(tui_make_app):
         await ready(pilot)
         await chat_once(pilot, "tell me")
         reply = views(app, "assistant")[0]
-        text, target = reply.plain, app.chat.session.engine.target
+        text, target = reply.plain, app.chat.session._engine.target  # the fake's own
         calls_before = len(target.evaluate_calls)
         await keys(pilot, "f2", "f8")
         await wait_for(pilot, lambda: app.chat.replaying is None and reply.entry.replay,

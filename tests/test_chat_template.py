@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage, render_chat
+from chatapp.backends.chat_template import render_chat
+from chatapp.chat.message import ChatMessage
 
 MESSAGES = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi <b>there</b>")]
 
@@ -96,7 +97,7 @@ def test_sandbox_is_immutable() -> None:
 
 def test_run_tells_the_user_when_the_model_has_no_chat_template(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    import chatapp.chat.loader
+    import chatapp.assembly.loader
     from chatapp.backends.fake import FakeBackend
     from chatapp.chat.session import ChatSession
     from chatapp.cli import main
@@ -106,7 +107,7 @@ def test_run_tells_the_user_when_the_model_has_no_chat_template(
         target = FakeBackend(name="templateless", has_chat_template=False)
         return ChatSession(SpeculativeEngine(target), GenerationSettings(max_tokens=5), seed=0)
 
-    monkeypatch.setattr(chatapp.chat.loader, "build_session", fake_session)
+    monkeypatch.setattr(chatapp.assembly.loader, "build_session", fake_session)
     assert main(["run", "-k", "0", "hello"]) == 0
     err = capsys.readouterr().err
     assert "note: templateless has no usable chat template" in err and "ChatML" in err

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from chatapp.chat.loader import make_policy
+from chatapp.assembly.loader import make_policy
 from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
 from chatapp.policy.auto import PRIOR_ACCEPTANCE, AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength

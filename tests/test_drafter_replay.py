@@ -1,4 +1,4 @@
-"""The offline replay of the model-free drafter (chatapp.bench.drafter_replay)."""
+"""The offline replay of the model-free drafter (benchmarks.drafter_replay)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage
+from benchmarks.drafter_replay import ceiling_speedup, conversation_chats, main, replay
 from chatapp.backends.fake import FakeBackend
-from chatapp.bench.drafter_replay import ceiling_speedup, conversation_chats, main, replay
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.lookup import NgramDrafter
 
 

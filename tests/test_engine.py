@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.fake import STOP_ID, FakeBackend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.contracts import NO_HINTS
 from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent, TokenSource
 from chatapp.engine.kv import evaluate_sequence
 from chatapp.engine.loop import (
@@ -203,12 +204,12 @@ def test_session_drops_oldest_turns_but_keeps_the_system_prompt() -> None:
     session = ChatSession(engine, GenerationSettings(max_tokens=20), seed=0, system_prompt="K")
     turns = [ChatMessage(role, "the draft token " * 3) for _ in range(6)
              for role in ("user", "assistant")] + [ChatMessage("user", "the target")]
-    plan = session.plan_prompt(turns)
+    plan, _ = session.reply(turns, FixedDraftLength(0))
     assert plan.dropped_messages > 0 and plan.dropped_messages % 2 == 0
     assert plan.tokens[:3] == FakeBackend().tokenize("system: K\n")[:3]
     assert len(plan.tokens) + 20 <= 120
     with pytest.raises(ContextOverflowError, match="Shorten the message"):
-        session.plan_prompt([ChatMessage("user", "the " * 200)])
+        session.reply([ChatMessage("user", "the " * 200)], FixedDraftLength(0))
 
 
 class CountingReads(FakeBackend):
@@ -227,7 +228,7 @@ class CountingReads(FakeBackend):
 def test_a_draft_reads_the_cache_once_and_feeds_later_tokens_one_by_one() -> None:
     backend = CountingReads(noise=1.0)
     drafter = ModelDrafter(backend)
-    drafter.prefill(PROMPT)
+    drafter.prefill(PROMPT, NO_HINTS)
     backend.reads, backend.evaluate_calls = 0, []
     proposal = drafter.draft(PROMPT, 6, SamplingParams(0.0), np.random.default_rng(0))
     assert len(proposal.tokens) == 6 and backend.reads == 1

@@ -24,7 +24,7 @@ from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import Drafter, DraftPolicy, source_family
+from chatapp.engine.contracts import NO_HINTS, Drafter, DraftHints, DraftPolicy, source_family
 from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
 from chatapp.engine.kv import evaluate_sequence
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
@@ -92,8 +92,10 @@ def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
 
 
 def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
-                   params: SamplingParams, seed: int = 7) -> tuple[Counter, Counter, Counter]:
-    """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies."""
+                   params: SamplingParams, seed: int = 7, hints: DraftHints = NO_HINTS,
+                   ) -> tuple[Counter, Counter, Counter]:
+    """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies, each
+    given ``hints``."""
     engine = SpeculativeEngine(backend(), drafter)
     rng = np.random.default_rng(seed)
     settings = GenerationSettings(params, REPLY)
@@ -101,7 +103,7 @@ def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
     replies, sources, drafted = Counter(), Counter(), Counter()
     for _ in range(SAMPLES):
         reply = []
-        for event in engine.generate(PROMPT, settings, rng, policy):
+        for event in engine.generate(PROMPT, settings, rng, policy, hints=hints):
             if isinstance(event, TokenEvent):
                 reply.append(event.id)
                 sources[event.source] += 1

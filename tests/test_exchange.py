@@ -8,9 +8,7 @@ import threading
 
 import pytest
 
-from chatapp.backends.chat_template import ChatMessage
-from chatapp.chat.conversation import Conversation
-from chatapp.chat.exchange import (
+from chatapp.api.exchange import (
     ChatExchange,
     ExchangeDone,
     ExchangeRequest,
@@ -20,9 +18,11 @@ from chatapp.chat.exchange import (
     ReplyDelta,
     prediction_overlap,
 )
+from chatapp.api.served import SERVED, ServedChats
+from chatapp.api.stops import StopScanner
+from chatapp.chat.conversation import Conversation
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.served import SERVED, ServedChats
-from chatapp.chat.stops import StopScanner
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine.events import TokenSource
@@ -141,13 +141,21 @@ def test_a_cancelled_exchange_ends_after_its_step() -> None:
     assert run(chat, ask("again"))[1].finish_reason in ("stop", "length")
 
 
+def serve(served: ServedChats, index: SuffixSource, messages: list[ChatMessage],
+          token: int) -> int | None:
+    """An exchange of ``messages`` whose reply is ``token``, as the drafter's index sees it."""
+    chat, hints = served.hints(messages)
+    served.begin(hints)
+    index.follow(hints)
+    index.append(token)
+    return chat
+
+
 def test_the_server_indexes_each_exchange_under_its_own_key() -> None:
     index = SuffixSource(HistoryCorpus())
-    served = ServedChats(index)
-    assert served.begin([ChatMessage("user", "a")]) is None
-    index.append(5)
-    served.begin([ChatMessage("user", "b")])
-    index.append(6)
+    served = ServedChats()
+    assert serve(served, index, [ChatMessage("user", "a")], 5) is None
+    serve(served, index, [ChatMessage("user", "b")], 6)
     assert index.corpus.chats() == [(SERVED, 1), (SERVED, 2)]
     assert served.save([ChatMessage("user", "b")], None, "r", [], TurnStats(), "stop", {}) is None
 
@@ -155,17 +163,14 @@ def test_the_server_indexes_each_exchange_under_its_own_key() -> None:
 def test_with_a_history_an_agent_continuing_its_conversation_stays_in_one_chat(tmp_path) -> None:
     store = HistoryStore(tmp_path / "history.sqlite3")
     index = SuffixSource(HistoryCorpus())
-    served = ServedChats(index, store, "d", "t")
+    served = ServedChats(store, "d", "t")
     first = [ChatMessage("system", "be brief"), ChatMessage("user", "write it")]
-    assert served.begin(first) is None
-    index.append(1)
+    assert serve(served, index, first, 1) is None
     chat = served.save(first, None, "done", [("done", A)], TurnStats(tokens=1), "stop", {})
     second = [*first, ChatMessage("assistant", "done"), ChatMessage("user", "now test it")]
-    assert served.begin(second) == chat
-    index.append(2)
+    assert serve(served, index, second, 2) == chat
     assert served.save(second, chat, "tested", [], TurnStats(), "stop", {}) == chat
-    other = served.begin([ChatMessage("user", "something else")])
-    assert other is None
+    assert serve(served, index, [ChatMessage("user", "something else")], 3) is None
     assert [m.content for m in store.messages(chat)] == ["be brief", "write it", "done",
                                                           "now test it", "tested"]
     assert index.corpus.document(chat) == [1, 2]

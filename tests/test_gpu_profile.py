@@ -1,4 +1,4 @@
-"""`python -m chatapp.bench.gpu_profile` on the CPU with the tiny random model: the JSON's shape,
+"""`python -m benchmarks.gpu_profile` on the CPU with the tiny random model: the JSON's shape,
 its sanity (positive costs, the requested acceptance, exact greedy verification), the speedup
 formula against hand-computed values, and the per-category predictions of a bench JSON.
 
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import torch
 
-from chatapp.bench import gpu_profile
-from chatapp.bench.gpu_profile import (
+from benchmarks import gpu_profile
+from benchmarks.gpu_profile import (
     SyntheticDrafter,
     build_backend,
     category_acceptance,
@@ -60,7 +60,7 @@ def test_the_json_describes_the_run(profiled: tuple[dict[str, Any], str]) -> Non
     meta = report["meta"]
     assert meta["device"] == "CPU" and meta["dtype"] == "float32"
     assert meta["torch"] == torch.__version__ and meta["date"]
-    assert meta["command"].startswith("python -m chatapp.bench.gpu_profile --device cpu")
+    assert meta["command"].startswith("python -m benchmarks.gpu_profile --device cpu")
     assert (meta["max_n"], meta["k"], meta["accept"], meta["tokens"]) == (MAX_N, 4, ACCEPT,
                                                                           TOKENS)
     assert list(report["sizes"]) == ["tiny"] and report["draft"]["size"] == "tiny"
@@ -137,7 +137,7 @@ def test_the_command_line_end_to_end(tmp_path: Path) -> None:
     bench, out = tmp_path / "bench.json", tmp_path / "out" / "profile.json"
     bench.write_text(json.dumps(bench_json()), encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "chatapp.bench.gpu_profile", "--device", "cpu", "--sizes",
+        [sys.executable, "-m", "benchmarks.gpu_profile", "--device", "cpu", "--sizes",
          "tiny", "--context", "8", "--max-n", "3", "--tokens", "12", "--k", "2", "--accept",
          "0", "--repeats", "1", "--acceptance-json", str(bench), "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120,

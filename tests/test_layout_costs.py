@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import chatapp.chat.layout_costs as layout_costs
-import chatapp.chat.loader as loader
+import chatapp.assembly.layout_costs as layout_costs
+import chatapp.assembly.loader as loader
 from chatapp.backends.catalog import CATALOG, ModelSpec
 from chatapp.backends.layouts import (
     SHIPPED,
@@ -152,7 +152,7 @@ def test_a_recipe_changed_since_is_measured_again(tiny: dict, monkeypatch) -> No
 
 
 def test_specchat_models_says_what_was_measured(tiny: dict) -> None:
-    from chatapp.chat.models import _measured_lines
+    from chatapp.assembly.models import _measured_lines
 
     config = Config(target="tiny", layout="fast")
     [before] = _measured_lines(CATALOG["tiny"], "target", config)

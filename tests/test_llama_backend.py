@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from chatapp.backends.base import Backend, BackendError
-from chatapp.backends.chat_template import ChatMessage  # noqa: E402
 from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
+from chatapp.chat.message import ChatMessage  # noqa: E402
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.events import DoneEvent, TokenEvent, TokenSource  # noqa: E402
 from chatapp.engine.kv import evaluate_sequence  # noqa: E402

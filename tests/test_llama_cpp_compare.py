@@ -96,9 +96,9 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
 
     import chatapp.bench.llama_cpp_compare as compare
     import chatapp.bench.runner as runner
-    from chatapp.backends.chat_template import ChatMessage
     from chatapp.backends.fake import FakeBackend
     from chatapp.bench.specs import BenchPrompt, RunSpec
+    from chatapp.chat.message import ChatMessage
     from chatapp.settings.config import Config
 
     prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")

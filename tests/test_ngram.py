@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chatapp.chat.draft_length as draft_length
-import chatapp.chat.loader as loader
+import chatapp.assembly.loader as loader
+import chatapp.policy.draft_length as draft_length
 from chatapp.backends.fake import FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
-from chatapp.drafters.lookup import NgramDrafter, NgramIndex
+from chatapp.drafters.lookup import Lookaheads, NgramDrafter, NgramIndex
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import DraftBudget, one_hot_rows
+from chatapp.engine.contracts import NO_HINTS, DraftBudget, one_hot_rows
 from chatapp.engine.events import DoneEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
@@ -72,7 +72,7 @@ def test_proposal_rows_are_one_hot() -> None:
 def test_index_follows_a_growing_context_and_rebuilds_for_another() -> None:
     drafter = NgramDrafter(vocab_size=20)
     context = [1, 2, 3, 4]
-    drafter.prefill(context[:-1])
+    drafter.prefill(context[:-1], NO_HINTS)
     assert drafter.propose(context, DraftBudget.uniform(3), GREEDY, RNG).tokens == []
     context += [1, 2]  # the engine appends to the same list
     assert drafter.propose(context, DraftBudget.uniform(3), GREEDY, RNG).tokens == [3, 4, 1]
@@ -171,9 +171,10 @@ def test_deferred_drafter_drops_stale_tokens_when_the_conversation_changes() -> 
 
 
 def test_shadow_scoring_reports_would_be_acceptance() -> None:
-    drafter = NgramDrafter(vocab_size=20, lookahead=3, kind_by_context=False, edits=False)
+    drafter = NgramDrafter(vocab_size=20, kind_by_context=False, edits=False,
+                           lookaheads=Lookaheads(lookup=3))
     context = [1, 2, 3, 4, 9]
-    drafter.prefill(context)
+    drafter.prefill(context, NO_HINTS)
     # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...
     context += [1, 2, 3, 4, 5, 1, 2, 7]
     proposal = drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG)
@@ -235,7 +236,7 @@ def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
 
     policies: list[AutoDraftLength] = []
 
-    def recording_policy(config: Config) -> AutoDraftLength:
+    def recording_policy(setting: draft_length.PolicySetting) -> AutoDraftLength:
         policies.append(AutoDraftLength())
         return policies[-1]
 
@@ -245,7 +246,7 @@ def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
 
     monkeypatch.setattr(loader, "build_session", fake_session)
     # The conversation's draft length makes it.
-    monkeypatch.setattr(draft_length, "make_policy", recording_policy)
+    monkeypatch.setattr(draft_length.PolicySetting, "policy", recording_policy)
     assert main(["run", "--drafter", "ngram", "-k", "auto", "hello"]) == 0
     assert len(policies) == 1
     sources = policies[0].learnt()["arms"]

@@ -10,13 +10,9 @@ import numpy as np
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.drafters.prediction import (
-    PredictionSource,
-    agree,
-    ahead_of_edits,
-    is_prediction_kind,
-)
-from chatapp.engine.contracts import DraftBudget
+from chatapp.drafters.prediction import PredictionSource, is_prediction_kind
+from chatapp.drafters.sources import Candidate, agree, ahead_of_edits
+from chatapp.engine.contracts import NO_HINTS, DraftBudget, DraftHints
 from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.fixed import FixedDraftLength
@@ -31,17 +27,31 @@ from tests.test_exactness import (  # noqa: F401 (simulated_clock: the fixture, 
 )
 
 
+class Fed:
+    """A source fed the context as the drafter feeds it: each token once, in order."""
+
+    def __init__(self, source: PredictionSource) -> None:
+        self.source = source
+        self.fed = 0
+
+    def propose(self, context: list[int], k: int) -> Candidate:
+        for token in context[self.fed:]:
+            self.source.append(token)
+        self.fed = len(context)
+        return self.source.propose(context, k)
+
+
 def test_the_prediction_source_follows_the_reply_and_rejoins_after_a_change() -> None:
     predicted = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
     prompt = [1, 2, 3]
-    source = PredictionSource(predicted, len(prompt))
-    assert source.propose(prompt[:2], 4) == ([], "prediction")  # the reply has not started
-    assert source.propose(prompt, 4)[0] == []  # nor written the prediction's first token
-    tokens, kind = source.propose(prompt + [10], 4)
-    assert tokens == [11, 12, 13, 14] and is_prediction_kind(kind)
+    source = Fed(PredictionSource(predicted, len(prompt)))
+    assert source.propose(prompt[:2], 4) == Candidate([], "prediction")  # no reply yet
+    assert source.propose(prompt, 4).tokens == []  # nor the prediction's first token
+    candidate = source.propose(prompt + [10], 4)
+    assert candidate.tokens == [11, 12, 13, 14] and is_prediction_kind(candidate.kind)
     reply = [10, 11, 12, 99, 14, 15]  # 13 became 99, then the prediction again
-    assert source.propose(prompt + reply, 3)[0] == [16, 17, 18]
-    assert source.propose(prompt + reply + [16, 17], 3)[0] == [18, 19, 20]
+    assert source.propose(prompt + reply, 3).tokens == [16, 17, 18]
+    assert source.propose(prompt + reply + [16, 17], 3).tokens == [18, 19, 20]
     assert not is_prediction_kind("edit-run") and not is_prediction_kind("")
 
 
@@ -51,32 +61,30 @@ def test_the_prediction_waits_for_the_reply_to_write_its_first_token() -> None:
     before the reply starts."""
     predicted = [10, 11, 12, 10, 11, 12, 13]
     prompt = [1, 2, 3]
-    source = PredictionSource(predicted, len(prompt))
+    source = Fed(PredictionSource(predicted, len(prompt)))
     opening = [50, 51, 52]
-    assert source.propose(prompt + opening, 4)[0] == []
-    assert source.propose(prompt + opening + [10], 4)[0] == [11, 12, 10, 11]
+    assert source.propose(prompt + opening, 4).tokens == []
+    assert source.propose(prompt + opening + [10], 4).tokens == [11, 12, 10, 11]
 
 
 def test_an_empty_prediction_proposes_nothing() -> None:
-    assert PredictionSource([], 2).propose([1, 2, 3], 4) == ([], "prediction")
+    assert PredictionSource([], 2).propose([1, 2, 3], 4) == Candidate([], "prediction")
 
 
 def test_the_drafter_drafts_the_prediction_once_the_reply_writes_its_first_token() -> None:
     """The engine prefills the prompt but its last token (fed with the first step): no proposal
     at the first step, the rest of the prediction once the reply has written its first token;
-    after ``predict(None)`` the next reply has none."""
+    the next reply, with hints of its own, has none."""
     drafter = NgramDrafter(64)
     prompt = [1, 2, 3, 4]
-    drafter.predict([7, 8, 9, 10, 11])
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], DraftHints(predicted=(7, 8, 9, 10, 11)))
     rng = np.random.default_rng(0)
     assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
     proposal = drafter.propose(prompt + [7], DraftBudget.uniform(3), SamplingParams(0.0), rng)
     assert proposal.tokens == [8, 9, 10] and is_prediction_kind(proposal.source)
     proposal = drafter.propose(prompt + [7, 8], DraftBudget.uniform(3), SamplingParams(0.0), rng)
     assert proposal.tokens == [9, 10, 11]
-    drafter.predict(None)
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], NO_HINTS)
     assert drafter.propose(prompt, DraftBudget.uniform(3), SamplingParams(0.0), rng).tokens == []
 
 
@@ -85,10 +93,11 @@ def test_replies_with_a_prediction_follow_the_target_law() -> None:
     prediction that is partly right are distributed as the target alone makes them, and the
     prediction did draft (and was both accepted and rejected)."""
     params = SamplingParams(0.7, 0, 0.9)
-    ngram = NgramDrafter(VOCAB)
-    ngram.predict([3, 1, 2, 4, 5])  # the prompt's pattern goes on "3 1 2"; then a guess
-    drafter = NgramModelDrafter(ngram, ModelDrafter(backend(noise=1.0)))
-    replies, sources, drafted = sample_replies(drafter, lambda: FixedDraftLength(3), params)
+    drafter = NgramModelDrafter(NgramDrafter(VOCAB), ModelDrafter(backend(noise=1.0)))
+    # the prompt's pattern goes on "3 1 2"; then a guess
+    hints = DraftHints(predicted=(3, 1, 2, 4, 5))
+    replies, sources, drafted = sample_replies(drafter, lambda: FixedDraftLength(3), params,
+                                               hints=hints)
     assert matches_law(replies, exact_law(params))
     predicted = sum(n for (source, size), n in drafted.items()
                     if source == "prediction" and size)
@@ -114,20 +123,19 @@ def test_a_prediction_that_proposes_what_the_edits_do_goes_under_the_kind_truste
     code = list(range(10, 30))
     prompt = [1, 2, *code, 3, 4]
     drafter = NgramDrafter(64)
-    drafter.predict(code)
-    drafter.prefill(prompt[:-1])
+    drafter.prefill(prompt[:-1], DraftHints(predicted=tuple(code)))
     reply = code[:6]  # the prediction follows from the reply's first token, the edits from later
     drafter.sync(prompt + reply, score=False)
-    edit_kind = drafter._edit_search(4)[1]
-    prediction_kind = drafter.prediction_search(4)[1]
+    first = drafter.candidates(4)[0]  # the edits and the prediction: one candidate
+    edit_kind, (prediction_kind,) = first.kind, first.also
     assert edit_kind.startswith("edit") and is_prediction_kind(prediction_kind)
     trusted = DraftBudget({edit_kind: 2, prediction_kind: 4})
-    assert drafter.choose(trusted) == (code[6:10], prediction_kind)
+    assert drafter.choose(trusted) == Candidate(code[6:10], prediction_kind)
     trusted = DraftBudget({edit_kind: 3, prediction_kind: 1})
-    assert drafter.choose(trusted) == (code[6:9], edit_kind)
+    assert drafter.choose(trusted) == Candidate(code[6:9], edit_kind)
     changed = NgramDrafter(64)
-    changed.predict([*code[:6], 77, 78, 79, 80])  # the prediction goes on differently
-    changed.prefill(prompt[:-1])
+    # the prediction goes on differently
+    changed.prefill(prompt[:-1], DraftHints(predicted=(*code[:6], 77, 78, 79, 80)))
     changed.sync(prompt + reply, score=False)
     edits_held_back = DraftBudget({edit_kind: 0}, 4)  # the edits' kind may not draft
-    assert changed.choose(edits_held_back) == ([77, 78, 79, 80], "prediction-run")
+    assert changed.choose(edits_held_back) == Candidate([77, 78, 79, 80], "prediction-run")

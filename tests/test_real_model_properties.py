@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
+from chatapp.assembly.loader import make_drafter  # noqa: E402
 from chatapp.backends.catalog import (  # noqa: E402
     CATALOG,
     DEFAULT_DRAFT,
@@ -40,13 +41,13 @@ from chatapp.backends.catalog import (  # noqa: E402
     ensure_model,
     missing_parts,
 )
-from chatapp.backends.chat_template import ChatMessage  # noqa: E402
 from chatapp.backends.llama_cpp import LlamaCppBackend  # noqa: E402
-from chatapp.chat.loader import make_drafter  # noqa: E402
+from chatapp.chat.message import ChatMessage  # noqa: E402
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import (
     DraftBudget,
     Drafter,
+    DraftHints,
     Proposal,
     StepOutcome,  # noqa: E402
 )
@@ -144,8 +145,8 @@ class SpyDrafter:
     def name(self) -> str:
         return self.inner.name
 
-    def prefill(self, context: Sequence[int]) -> None:
-        self.inner.prefill(context)
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        self.inner.prefill(context, hints)
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.inner.rollback(context, verified)

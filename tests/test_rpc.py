@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.llama_build import FULL_BUILD_COMMAND
 from chatapp.backends.rpc import probe
+from chatapp.chat.message import ChatMessage
 from chatapp.settings.config import Config, ConfigError, load_config
 
 WORKTREE = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ def test_a_server_killed_mid_reply_ends_the_reply_not_the_process(start_server,
 @needs_rpc
 async def test_in_the_app_a_dead_server_keeps_the_reply_and_reload_works(
         start_server, smollm_path, tui_make_app) -> None:
-    from chatapp.chat.loader import build_session
+    from chatapp.assembly.loader import build_session
     from chatapp.tui.widgets import Note
     from tests.conftest import keys, send, wait_for
 

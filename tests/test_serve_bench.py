@@ -1,5 +1,5 @@
-"""The API's measurement tools on fake backends: python -m chatapp.bench.serve_overhead (`specchat
-run` against fresh `specchat serve` processes) and python -m chatapp.bench.serve_agent (a scripted
+"""The API's measurement tools on fake backends: python -m benchmarks.serve_overhead (`specchat
+run` against fresh `specchat serve` processes) and python -m benchmarks.serve_agent (a scripted
 agent session against two servers)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.bench import serve_agent, serve_overhead
+from benchmarks import serve_agent, serve_overhead
 from chatapp.bench.specs import load_prompts, select_prompts
 from tests.serve_launcher import REPO, ServeProcess
 
@@ -51,10 +51,10 @@ def test_the_overhead_measurement_pairs_run_with_a_fresh_server(fake_commands) -
 
 
 def test_the_prediction_measurement_sends_each_edit_three_ways(fake_commands) -> None:
-    """python -m chatapp.bench.serve_prediction on fake servers, fresh ones every round: the
+    """python -m benchmarks.serve_prediction on fake servers, fresh ones every round: the
     original code as the prediction, the same reply with and without it, a target-only server
     started with -k 0, a row per prompt with the medians over the rounds."""
-    from chatapp.bench import serve_prediction
+    from benchmarks import serve_prediction
 
     assert serve_prediction.original_code("Fix:\n\n```python\nx = 1\n```\nthanks") == "x = 1\n"
     assert serve_prediction.original_code("Fix this:\n\nx = 1") == "x = 1"
@@ -76,7 +76,7 @@ def test_the_prediction_measurement_sends_each_edit_three_ways(fake_commands) ->
 
 
 def test_a_wrong_prediction_is_another_prompts_code() -> None:
-    from chatapp.bench import serve_prediction
+    from benchmarks import serve_prediction
 
     prompts = select_prompts(load_prompts(), "edit-rename,edit-fstring,edit-logging")
     right = serve_prediction.predictions(prompts)
@@ -121,7 +121,7 @@ def agent_servers(tmp_path_factory: pytest.TempPathFactory):
 
 def test_the_agent_session_regrows_the_conversation_on_both_servers(
         agent_servers, monkeypatch: pytest.MonkeyPatch) -> None:
-    """python -m chatapp.bench.serve_agent: each request re-sends the conversation so far (the
+    """python -m benchmarks.serve_agent: each request re-sends the conversation so far (the
     default server's replies as assistant messages), the same to both servers, which reply the
     same; the later requests draft from the suffix index of what the default server served, and
     the summary covers the last requests."""

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import chatapp.chat.loader as loader
+import chatapp.assembly.loader as loader
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.history import HistoryStore
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.suffix import LIVE, SuffixSource
 from chatapp.drafters.suffix_index import MAX_PROPOSAL, ORDERS, HistoryCorpus
+from chatapp.engine.contracts import NO_HINTS, DraftHints
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.auto import AutoDraftLength
@@ -200,21 +201,18 @@ def _copy(corpus: HistoryCorpus) -> HistoryCorpus:
     return fresh
 
 
-def test_the_open_chat_is_followed_renamed_and_removed() -> None:
+def test_the_open_chat_is_followed_renamed_and_removed_as_each_replys_hints_say() -> None:
     corpus = HistoryCorpus()
     source = SuffixSource(corpus)
     drafter = NgramDrafter(30, edits=False, suffix=source)
-    drafter.prefill(LINE * 2)
+    drafter.prefill(LINE * 2, NO_HINTS)
     assert corpus.document(LIVE) == LINE * 2  # a new chat, not saved yet
-    source.open_chat(12)  # it was saved as chat 12: the text so far is chat 12's
-    assert corpus.chats() == [12] and corpus.document(12) == LINE * 2
-    drafter.prefill(LINE * 2 + [1, 2])
-    assert corpus.document(12) == LINE * 2 + [1, 2]
-    source.open_chat(13)
-    drafter.prefill([3, 4, 5])  # another chat's context: it becomes chat 13's text
+    drafter.prefill(LINE * 2 + [1, 2], DraftHints(document=12))  # saved as chat 12
+    assert corpus.chats() == [12] and corpus.document(12) == LINE * 2 + [1, 2]
+    drafter.prefill([3, 4, 5], DraftHints(document=13))  # another chat's context
     assert corpus.document(13) == [3, 4, 5] and corpus.document(12) == LINE * 2 + [1, 2]
-    source.remove_chat(13)  # deleted while open
-    assert corpus.chats() == [12] and source.chat == LIVE
+    drafter.prefill([3, 4, 5], DraftHints(renamed={13: 14}, forgotten={12}))  # a new chat
+    assert corpus.chats() == [14] and corpus.document(14) == [3, 4, 5] and source.chat == LIVE
 
 
 def test_build_session_indexes_the_history_for_the_default_drafter(
@@ -223,8 +221,16 @@ def test_build_session_indexes_the_history_for_the_default_drafter(
     chat = store.create_chat("one")
     store.add_message(chat, "user", "the draft token is the target token")
     monkeypatch.setattr(loader, "load_backend", lambda *args, **kwargs: FakeBackend())
-    session = loader.build_session(Config(drafter="ngram"), history=store)
-    assert session.history_index is not None
-    assert session.history_index.corpus.chats() == [chat]
-    assert loader.build_session(Config(drafter="ngram")).history_index is None
+    indexes: list[SuffixSource | None] = []
+    make_drafter = loader.make_drafter
+
+    def recorded(*args: object, history_index: SuffixSource | None = None, **kwargs: object):
+        indexes.append(history_index)
+        return make_drafter(*args, history_index=history_index, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loader, "make_drafter", recorded)
+    loader.build_session(Config(drafter="ngram"), history=store)
+    loader.build_session(Config(drafter="ngram"))
+    assert indexes[0] is not None and indexes[0].corpus.chats() == [chat]
+    assert indexes[1] is None
     store.close()

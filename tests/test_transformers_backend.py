@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from chatapp.backends.base import Backend, BackendError
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.transformers_backend import TransformersBackend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import Proposal
 from chatapp.engine.events import TokenEvent

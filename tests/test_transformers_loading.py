@@ -16,8 +16,8 @@ import torch
 
 from chatapp.backends import hf_vocab, transformers_backend
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.transformers_backend import TransformersBackend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams

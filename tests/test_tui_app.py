@@ -43,7 +43,7 @@ async def test_sending_shows_user_and_assistant_messages(tui_make_app):
         assert assistant.finish_reason in ("stop", "length")
         assert app.chat_input.text == ""
         assert "ready" in str(app.query_one("#status").render())
-        target = app.chat.session.engine.target
+        target = app.chat.session._engine.target  # the fake's own, to check it is released
     assert target.cached_tokens == ()  # the models are released when the app ends
 
 
@@ -172,14 +172,23 @@ async def test_the_k_keys_reach_the_conversation_and_the_status_shows_its_k(tui_
         assert deltas == [-1, 1] and f"K {k} " in str(app.query_one("#status").render())
 
 
+def footer_offers(app, description: str) -> bool:
+    """Whether the footer shows a key for ``description`` (a disabled key shows, dimmed)."""
+    return any(active.binding.description == description
+               for active in app.active_bindings.values())
+
+
 async def test_escape_stops_the_reply_keeps_and_saves_it(tui_make_app, tmp_path):
     app = tui_make_app(tui_fake_factory(max_tokens=2000, delay_s=0.03, endless=True))
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        assert not footer_offers(app, "Stop reply")  # nothing streams: nothing to stop
         await send(pilot, "stop me")
         await wait_for(pilot, lambda: len(step_events(app.chat.session)) >= 3, what="three steps")
+        assert footer_offers(app, "Stop reply")
         await keys(pilot, "escape")
         await reply_done(pilot)
+        assert not footer_offers(app, "Stop reply")
         reply = views(app, "assistant")[0]
         assert reply.finish_reason == "cancelled"
         assert reply.has_class("-stopped")

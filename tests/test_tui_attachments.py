@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DirectoryTree
 
-from chatapp.chat.mentions import complete_path, split_mentions, typed_fragment
+from chatapp.chat.mentions import complete_path, mentioned_paths, typed_fragment
 from chatapp.tui.file_picker import FilePickerScreen
 from chatapp.tui.keys import help_sections
 from chatapp.tui.widgets import MessageView, Note
@@ -31,16 +31,14 @@ def error_notes(app) -> list[str]:
     return [note.render().plain for note in app.query(Note) if note.has_class("-error")]
 
 
-def test_split_mentions_takes_the_words_out() -> None:
-    assert split_mentions("explain @src/a.py please") == ("explain please", ["src/a.py"])
-    assert split_mentions("@a.py fix it") == ("fix it", ["a.py"])
-    assert split_mentions("see @a.py.") == ("see.", ["a.py"])
-    assert split_mentions('@"my notes.txt" and @a.py @a.py') == ("and", ["my notes.txt", "a.py"])
-    assert split_mentions("mail me at a@b.com") == ("mail me at a@b.com", [])
-    fenced = "```\n@dataclass\nclass A: ...\n```\n@a.py"
-    assert split_mentions(fenced) == ("```\n@dataclass\nclass A: ...\n```", ["a.py"])
-    assert split_mentions("x\n    indented @a.py\n    kept") == ("x\n    indented\n    kept",
-                                                               ["a.py"])
+def test_mentioned_paths_finds_the_words() -> None:
+    assert mentioned_paths("explain @src/a.py please") == ["src/a.py"]
+    assert mentioned_paths("@a.py fix it") == ["a.py"]
+    assert mentioned_paths("see @a.py.") == ["a.py"]
+    assert mentioned_paths('@"my notes.txt" and @a.py @a.py') == ["my notes.txt", "a.py"]
+    assert mentioned_paths("mail me at a@b.com") == []
+    assert mentioned_paths("```\n@dataclass\nclass A: ...\n```\n@a.py") == ["a.py"]
+    assert mentioned_paths("x\n    indented @a.py\n    kept") == ["a.py"]
     assert typed_fragment("look at @sr") == "sr" and typed_fragment("a@b") is None
 
 
@@ -64,7 +62,7 @@ async def test_an_at_path_attaches_the_file_and_a_reopened_chat_shows_its_chip(
         await send(pilot, "rename a to x in @src/add.py please")
         await reply_done(pilot)
         user = views(app, "user")[0]
-        assert user.plain == "rename a to x in please"
+        assert user.plain == "rename a to x in @src/add.py please"  # the sentence as asked
         assert chips(user) == ["📎 src/add.py (2 lines)"]
         entry = app.chat.entries[0]
         assert [(a.path, a.language, a.text) for a in entry.attachments] == [
@@ -114,7 +112,7 @@ async def test_a_message_sent_while_loading_keeps_its_file(tui_make_app, folder)
         await reply_done(pilot)
         (attachment,) = app.chat.entries[0].attachments
         assert attachment.text.endswith("# edited\n")  # read when it was sent
-        assert app.chat.entries[0].content == "explain"
+        assert app.chat.entries[0].content == "@src/add.py explain"
 
 
 async def test_a_queued_message_whose_file_went_away_comes_back_to_the_box(tui_make_app,

@@ -111,7 +111,7 @@ async def test_the_meter_counts_a_typed_at_path_as_the_file_it_attaches(tui_make
         await ready(pilot)
         typed = "explain @add.py please"
         app.chat_input.text = typed
-        as_sent = app.chat.context_use("explain please", [read_attachment("add.py", folder)])
+        as_sent = app.chat.context_use(typed, [read_attachment("add.py", folder)])
         as_text = app.chat.context_use(typed)
         assert as_sent.used > as_text.used + 20  # the file's lines, not one word
         await wait_for(pilot, lambda: meter_text(app) == f"ctx {as_sent.used}/400",

@@ -9,7 +9,7 @@ from typing import ClassVar
 from rich.console import Console
 from rich.text import Text
 
-from chatapp.chat.loader import generation_settings
+from chatapp.chat.reply_settings import generation_settings
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config

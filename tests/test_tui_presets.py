@@ -37,7 +37,7 @@ def factory():
 
     def make(config, progress):
         session = fake(config, progress)
-        session.system_prompt = config.system_prompt
+        session.configure(session.settings, config.system_prompt)
         return session
 
     return make

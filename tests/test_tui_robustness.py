@@ -17,7 +17,7 @@ from typing import ClassVar
 import pytest
 
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import generation_settings
+from chatapp.chat.reply_settings import generation_settings
 from chatapp.chat.terminal_text import Printable
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.events import TokenEvent

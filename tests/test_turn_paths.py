@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-import chatapp.chat.loader
+import chatapp.assembly.loader
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.turns import ChatEntry, Turn
 from chatapp.cli import run_command
@@ -36,7 +36,7 @@ def finished(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Turn, ChatEntry]]:
 
     monkeypatch.setattr(Conversation, "finish", recorded)
     factory = tui_fake_factory(max_tokens=CONFIG.max_tokens)
-    monkeypatch.setattr(chatapp.chat.loader, "build_session",
+    monkeypatch.setattr(chatapp.assembly.loader, "build_session",
                         lambda config, progress, with_draft=True: factory(config, progress))
     handler = signal.getsignal(signal.SIGINT)
     yield done
@@ -66,7 +66,7 @@ async def test_specchat_run_finishes_the_turn_the_app_finishes(finished, capsys,
         (s.k, s.drafted, s.accepted) for s in run_turn.steps]
     assert counts(app_turn) == counts(run_turn) == counts(app_entry) == counts(run_entry)
     assert run_turn.stats().drafted > run_turn.stats().accepted > 0
-    assert run_entry.meta["k"] == app_entry.meta["k"] == "3"
+    assert run_entry.meta["k"] == app_entry.meta["k"] == {"mode": "fixed", "start": 3, "ks": [3]}
 
 
 def test_specchat_run_json_steps_carry_the_running_statistics(finished, capsys) -> None:

@@ -61,5 +61,5 @@ def test_the_ceiling_is_the_size_with_most_tokens_per_one_token_time() -> None:
         "Even with every draft token accepted, no step beats 2.40x plain decoding here "
         "(n = 32, of the sizes timed).",
         # n = 1 only: 16 does not follow
-        "For python -m chatapp.bench.drafter_replay: --costs 30.0"]
+        "For python -m benchmarks.drafter_replay: --costs 30.0"]
     assert full_acceptance_ceiling([VerifyCost(16, 0.240)]) is None

@@ -10,10 +10,10 @@ Where permission is refused, ggml skips the AMX buffer and uses its regular CPU 
 
 ``plan_guard`` decides from the CPU's flags, the build's feature list and the probe's verdict:
 
-- ``Guard.NONE``: the CPU or the build has no AMX, or the build's AMX kernels are safe here.
-- ``Guard.DENY_PERMISSION``: a seccomp filter makes ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` fail with
+- ``AmxGuard.NONE``: the CPU or the build has no AMX, or the build's AMX kernels are safe here.
+- ``AmxGuard.DENY_PERMISSION``: a seccomp filter makes ``arch_prctl(ARCH_REQ_XCOMP_PERM)`` fail with
   EPERM for this process and its children (Linux x86-64), before any model is loaded.
-- ``Guard.NO_EXTRA_BUFFERS``: where no filter can be installed, models load with
+- ``AmxGuard.NO_EXTRA_BUFFERS``: where no filter can be installed, models load with
   ``use_extra_bufts = false`` (no AMX buffer and no repack: about 20% slower decoding, no crash).
 
 A guarded user is told once, with the command that builds llama-cpp-python with the fix
@@ -52,7 +52,7 @@ _BPF_RET_K = 0x06
 _OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16  # in struct seccomp_data
 
 
-class Guard(enum.Enum):
+class AmxGuard(enum.Enum):
     NONE = "none"
     DENY_PERMISSION = "deny-permission"
     NO_EXTRA_BUFFERS = "no-extra-buffers"
@@ -108,12 +108,12 @@ def cpu_and_build_have_amx(flags: frozenset[str], system_info: str) -> bool:
 
 
 def plan_guard(flags: frozenset[str], system_info: str, can_filter: bool,
-               amx_safe: Callable[[], bool]) -> Guard:
+               amx_safe: Callable[[], bool]) -> AmxGuard:
     """What keeps this process off the AMX kernels (see the module notes). ``amx_safe`` (the
     probe) is asked only where both the CPU and the build have AMX."""
     if not cpu_and_build_have_amx(flags, system_info) or amx_safe():
-        return Guard.NONE
-    return Guard.DENY_PERMISSION if can_filter else Guard.NO_EXTRA_BUFFERS
+        return AmxGuard.NONE
+    return AmxGuard.DENY_PERMISSION if can_filter else AmxGuard.NO_EXTRA_BUFFERS
 
 
 def forced_off(environ: Mapping[str, str]) -> bool:
@@ -177,12 +177,12 @@ def request_amx_permission() -> int:
     return ctypes.get_errno()
 
 
-def guard_note(guard: Guard) -> str | None:
+def guard_note(guard: AmxGuard) -> str | None:
     """What to tell the user about ``guard`` (None: nothing happened)."""
-    if guard is Guard.NONE:
+    if guard is AmxGuard.NONE:
         return None
     done = ("specchat keeps llama.cpp off them, and verifying several tokens at once costs more "
-            "than it would with them" if guard is Guard.DENY_PERMISSION else
+            "than it would with them" if guard is AmxGuard.DENY_PERMISSION else
             "specchat loads models without llama.cpp's weight repacking to avoid them "
             "(about 20% slower)")
     return ("This llama-cpp-python build's AMX kernels crash on this CPU (llama.cpp issue 20824, "

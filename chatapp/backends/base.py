@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.chat_template import TemplateMessage
 from chatapp.backends.threads import ThreadChoice
 from chatapp.errors import UserFacingError
 
@@ -106,7 +106,7 @@ class Backend(Protocol):
         """A digest of the full token list; equal fingerprints mean the same vocabulary."""
         ...
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
         """Apply the model's chat template (with the assistant generation prompt) and tokenize."""
         ...
 

@@ -14,20 +14,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
-    content: str
+class TemplateMessage(Protocol):
+    """What a template renders of a message (the chat layer's ``ChatMessage`` is one)."""
+
+    @property
+    def role(self) -> str: ...  # "system" | "user" | "assistant"
+
+    @property
+    def content(self) -> str: ...
 
 
 CHATML_TEMPLATE = (
@@ -42,7 +45,7 @@ _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, Attr
                   ArithmeticError)
 
 
-def render_chat(template: str | None, messages: Sequence[ChatMessage], bos_token: str,
+def render_chat(template: str | None, messages: Sequence[TemplateMessage], bos_token: str,
                 eos_token: str) -> tuple[str, bool]:
     """Return ``(prompt text ending with the assistant generation prompt, fallback used)``."""
     if template:
@@ -53,7 +56,7 @@ def render_chat(template: str | None, messages: Sequence[ChatMessage], bos_token
     return _render(CHATML_TEMPLATE, messages, bos_token, eos_token), True
 
 
-def _render(template: str, messages: Sequence[ChatMessage], bos_token: str,
+def _render(template: str, messages: Sequence[TemplateMessage], bos_token: str,
             eos_token: str) -> str:
     return _compile(template).render(
         messages=[{"role": m.role, "content": m.content} for m in messages],

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.backends.base import ModelFacts
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.chat_template import TemplateMessage
 from chatapp.backends.threads import FixedThreads, ThreadChoice
 
 STOP_ID = 0
@@ -75,7 +75,7 @@ class FakeBackend(ModelFacts):
         pieces = [self.token_bytes(i) for i in range(self._vocab_size)]
         return hashlib.sha256(b"\0".join(pieces)).hexdigest()
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
         """The fake's one format; ``has_chat_template=False`` reports it as the fallback."""
         self.uses_fallback_template = not self._has_chat_template
         text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "

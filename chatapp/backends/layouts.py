@@ -12,7 +12,7 @@ whose measured fidelity to the shipped file is within ``FAITHFUL`` is ever chose
 a coarser one is offered as "fast", with its fidelity shown. Which layout is fastest depends on
 the CPU and the llama.cpp build, AMX or not, so "fast" is the one measured cheapest here once
 its candidates' evaluation costs were measured on this machine (``LayoutCosts``, measured at
-first use by ``chatapp.chat.layout_costs``); the catalog's per-CPU choice until then. A draft's
+first use by ``chatapp.assembly.layout_costs``); the catalog's per-CPU choice until then. A draft's
 layout changes only how often the target accepts its tokens, never what the target emits.
 
 ``prepare_layout`` makes the file once, in the user cache beside the joined model: it checks the

@@ -33,7 +33,7 @@ import numpy as np
 
 from chatapp.backends import llama_runtime, thread_memory
 from chatapp.backends.base import BackendError, ModelFacts
-from chatapp.backends.chat_template import ChatMessage, render_chat
+from chatapp.backends.chat_template import TemplateMessage, render_chat
 from chatapp.backends.gguf_file import check_gguf_file
 from chatapp.backends.machine_load import CpuSample, others_busy_cores
 from chatapp.backends.threads import AdaptiveThreads, available_cores, make_thread_choice
@@ -220,7 +220,7 @@ class LlamaCppBackend(ModelFacts):
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
         """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent or broken), tokenize it
         with control tokens parsed. Sets ``uses_fallback_template``."""
         text, self.uses_fallback_template = render_chat(

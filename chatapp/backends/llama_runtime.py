@@ -25,7 +25,7 @@ _LOG_LEVEL_CONT = 5
 _llama: ModuleType | None = None
 _log_tail: deque[str] = deque(maxlen=12)
 _log_callback: Any = None  # the ctypes callback must stay referenced for as long as C may call it
-_guard = amx_guard.Guard.NONE  # how this process keeps llama.cpp off its AMX kernels
+_guard = amx_guard.AmxGuard.NONE  # how this process keeps llama.cpp off its AMX kernels
 _guard_note: str | None = None  # what to tell the user about it, once
 _library_dir: Path | None = None  # where llama-cpp-python's native libraries are
 
@@ -51,22 +51,23 @@ def lib() -> ModuleType:
     return _llama
 
 
-def _avoid_amx_kernels(system_info: str, library_dir: Path) -> tuple[amx_guard.Guard, str | None]:
+def _avoid_amx_kernels(system_info: str, library_dir: Path,
+                       ) -> tuple[amx_guard.AmxGuard, str | None]:
     """Decide and apply the AMX guard before any model is loaded (see ``amx_guard``); the guard
     and what to tell the user (nothing when ``SPECCHAT_AMX=off`` asked for it)."""
     forced = amx_guard.forced_off(os.environ)
     guard = amx_guard.plan_guard(amx_guard.cpu_flags(), system_info,
                                  amx_guard.can_filter_syscalls(),
                                  lambda: not forced and amx_probe.amx_is_safe(library_dir))
-    if guard is amx_guard.Guard.DENY_PERMISSION and not amx_guard.deny_amx_permission():
-        guard = amx_guard.Guard.NO_EXTRA_BUFFERS
+    if guard is amx_guard.AmxGuard.DENY_PERMISSION and not amx_guard.deny_amx_permission():
+        guard = amx_guard.AmxGuard.NO_EXTRA_BUFFERS
     return guard, None if forced else amx_guard.guard_note(guard)
 
 
 def amx_in_use() -> bool:
     """Whether llama.cpp may run its AMX kernels in this process (after the first model load)."""
     info = lib().llama_print_system_info().decode(errors="replace")
-    return (_guard is amx_guard.Guard.NONE
+    return (_guard is amx_guard.AmxGuard.NONE
             and amx_guard.cpu_and_build_have_amx(amx_guard.cpu_flags(), info))
 
 
@@ -81,7 +82,7 @@ def build_identity() -> str:
 def repacking_allowed() -> bool:
     """Whether models may load with llama.cpp's repacked weights (its "extra" buffer types):
     not where the guard keeps the AMX kernels away by loading without them."""
-    return _guard is not amx_guard.Guard.NO_EXTRA_BUFFERS
+    return _guard is not amx_guard.AmxGuard.NO_EXTRA_BUFFERS
 
 
 def runtime_notes() -> list[str]:

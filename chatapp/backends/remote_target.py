@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.backends.chat_template import TemplateMessage
 from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.rpc import ABORT_CALLBACK, ggml, probe, probe_all, require_rpc
 
@@ -98,7 +98,7 @@ class RemoteTarget:
     def vocab_fingerprint(self) -> str:
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
         tokens, self.uses_fallback_template = self._call("chat_prompt", list(messages))
         return tokens
 
@@ -247,7 +247,7 @@ class _Worker:
     def tokenize(self, text: str, special: bool) -> list[int]:
         return self._loaded().tokenize(text, special)
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> tuple[list[int], bool]:
+    def chat_prompt(self, messages: list[TemplateMessage]) -> tuple[list[int], bool]:
         tokens = self._loaded().chat_prompt(messages)
         return tokens, self.backend.uses_fallback_template
 

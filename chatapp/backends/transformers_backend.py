@@ -47,7 +47,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp import user_files  # noqa: E402
 from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
-from chatapp.backends.chat_template import ChatMessage, render_chat  # noqa: E402
+from chatapp.backends.chat_template import TemplateMessage, render_chat  # noqa: E402
 from chatapp.backends.gguf_file import is_gguf  # noqa: E402
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
@@ -141,7 +141,7 @@ class TransformersBackend(ModelFacts):
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
         """The tokenizer's chat template with the generation prompt, tokenized with control tokens
         parsed. Without a template (or if it fails) ChatML is used and ``uses_fallback_template``
         is set."""
@@ -240,7 +240,7 @@ class TransformersBackend(ModelFacts):
         self.thread_choice.observe(threads, len(tokens), time.perf_counter() - started)
         return result
 
-    def _render_chat(self, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
+    def _render_chat(self, messages: Sequence[TemplateMessage]) -> tuple[str, bool]:
         tokenizer = self._live_tokenizer()
         if tokenizer.chat_template:
             conversation = [{"role": m.role, "content": m.content} for m in messages]

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.assembly.loader import load_backend
 from chatapp.bench.baseline import BASELINE, Launcher
 from chatapp.bench.busy import BusyProcesses
 from chatapp.bench.policy_memory import PolicyMemory
 from chatapp.bench.report import Row, print_report, summarise
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import BenchPrompt, RunSpec, default_specs, load_prompts
-from chatapp.chat.loader import load_backend
 from chatapp.settings.config import Config
 
 DEFAULT_BENCH_TOKENS = 128

@@ -23,18 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer, rotated
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.settings.config import Config
 
 CONVERSATION_PATH = Path(__file__).resolve().parent.parent / "data" / "bench_conversation.json"
 
 
 @dataclass(frozen=True)
-class Conversation:
+class ScriptedConversation:
     id: str
     turns: tuple[str, ...]
 
@@ -74,16 +74,17 @@ class ConversationResult:
         return self.speed(config) / reference if reference > 0 else 0.0
 
 
-def load_conversation(path: Path = CONVERSATION_PATH) -> Conversation:
+def load_conversation(path: Path = CONVERSATION_PATH) -> ScriptedConversation:
     data = json.loads(path.read_text(encoding="utf-8"))
-    return Conversation(data["id"], tuple(data["turns"]))
+    return ScriptedConversation(data["id"], tuple(data["turns"]))
 
 
 def reply_text(backend: Backend, tokens: Sequence[int]) -> str:
     return b"".join(backend.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
-def run_conversation(bench: Bench, conversation: Conversation, log: TextIO) -> ConversationResult:
+def run_conversation(bench: Bench, conversation: ScriptedConversation,
+                     log: TextIO) -> ConversationResult:
     """Run ``conversation`` as one chat through every configuration of ``bench``, turn by turn;
     the bench's specs must include target-only (its replies are the ones kept)."""
     target = bench.backends.target
@@ -116,7 +117,7 @@ def conversation_command(config: Config, specs: Sequence[RunSpec], max_tokens: i
                          json_path: Path | None, *, backends: BenchBackends | None = None,
                          warmup: bool = True, out: TextIO | None = None,
                          log: TextIO | None = None,
-                         conversation: Conversation | None = None) -> int:
+                         conversation: ScriptedConversation | None = None) -> int:
     """Run the conversation (default: ``load_conversation()``) through ``specs`` (target-only
     added when missing), print the per-turn and whole-conversation table to ``out``, write the
     rows and the chat to ``json_path``. ``backends`` given are the caller's (not closed)."""
@@ -153,7 +154,7 @@ def conversation_command(config: Config, specs: Sequence[RunSpec], max_tokens: i
     return 0
 
 
-def print_conversation(out: TextIO, conversation: Conversation, configs: Sequence[str],
+def print_conversation(out: TextIO, conversation: ScriptedConversation, configs: Sequence[str],
                        result: ConversationResult, max_tokens: int) -> None:
     """A markdown table: per-turn and whole-conversation tokens/s, and x target-only."""
     turns = range(1, len(conversation.turns) + 1)

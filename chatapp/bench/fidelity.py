@@ -152,8 +152,8 @@ def side_main(argv: Sequence[str]) -> None:
     parser.add_argument("--generate", type=int, default=0)
     parser.add_argument("--n-ctx", type=int, default=4096)
     args = parser.parse_args(argv)
-    from chatapp.backends.chat_template import ChatMessage
     from chatapp.backends.llama_cpp import LlamaCppBackend
+    from chatapp.chat.message import ChatMessage
 
     backend = LlamaCppBackend(args.model, n_ctx=args.n_ctx)
     if args.generate:

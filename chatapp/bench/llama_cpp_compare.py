@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.catalog import resolve_model
 from chatapp.backends.threads import available_cores
 from chatapp.bench.report import Row
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
 from chatapp.bench.specs import TARGET, BenchPrompt, RunSpec
-from chatapp.chat.loader import load_backend
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
 

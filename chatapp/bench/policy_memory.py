@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chatapp.assembly.loader import make_policy
 from chatapp.bench.specs import NO_EDITS, RunSpec
-from chatapp.chat.loader import make_policy
 from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import DraftPolicy
 from chatapp.policy.auto import AutoDraftLength

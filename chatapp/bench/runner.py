@@ -13,22 +13,17 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from chatapp.assembly.loader import ensure_calibration, load_backend, make_drafter, make_policy
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.threads import ThreadChoice, available_cores
 from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.policy_memory import MemoryState, PolicyMemory, memory_state, spec_config
 from chatapp.bench.report import Row, Run, RunRecord, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
-from chatapp.chat.loader import (
-    ensure_calibration,
-    generation_settings,
-    load_backend,
-    make_drafter,
-    make_policy,
-)
-from chatapp.chat.turns import k_label
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_settings import generation_settings
+from chatapp.chat.reply_values import k_label
 from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent

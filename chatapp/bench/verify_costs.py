@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.assembly.loader import load_backend
 from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.engine.calibration import VerifyCost, measure_verify_costs
 from chatapp.engine.contracts import LONGEST_FREE_DRAFT
 from chatapp.settings.config import Config
@@ -47,7 +47,7 @@ def print_verify_costs(out: TextIO, costs: Sequence[VerifyCost]) -> None:
                   f"decoding here (n = {best[0]}, of the sizes timed).\n")
     consecutive = [c for i, c in enumerate(costs, 1) if c.tokens == i]
     if consecutive:
-        out.write("For python -m chatapp.bench.drafter_replay: --costs "
+        out.write("For python -m benchmarks.drafter_replay: --costs "
                   + ",".join(f"{c.seconds * 1000:.1f}" for c in consecutive) + "\n")
 
 

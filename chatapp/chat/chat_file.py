@@ -29,6 +29,7 @@ from typing import Any
 from chatapp.chat.attachments import Attachment
 from chatapp.chat.chat_settings import ChatSettings
 from chatapp.chat.history import ChatSummary, StoredMessage
+from chatapp.chat.reply_values import DraftLengthUse, Ending
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import ReplayStats, TurnStats
 from chatapp.errors import UserFacingError
@@ -36,7 +37,7 @@ from chatapp.errors import UserFacingError
 FORMAT = "specchat-chat"
 VERSION = 1
 ROLES = ("system", "user", "assistant")
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = tuple(ending.value for ending in Ending)
 
 
 class ChatFileError(UserFacingError, ValueError):
@@ -117,8 +118,12 @@ def _meta(meta: dict[str, Any], where: str) -> dict[str, Any]:
         if replay is not None:
             ReplayStats.from_json(replay)
         rpc = meta.get("target_rpc", [])
-        if not isinstance(meta.get("k", ""), (str, int)) or not isinstance(rpc, list) or not all(
-                isinstance(endpoint, str) for endpoint in rpc):
+        k = meta.get("k", "")
+        if isinstance(k, dict):
+            DraftLengthUse.from_json(k)  # K as numbers; a str or int: a chat saved before
+        elif not isinstance(k, (str, int)):
+            raise ValueError(where)
+        if not isinstance(rpc, list) or not all(isinstance(endpoint, str) for endpoint in rpc):
             raise ValueError(where)
     except (TypeError, ValueError, KeyError):
         raise ChatFileError(f'{where} has a "meta" whose "k", "target_rpc" or "replay" is not '

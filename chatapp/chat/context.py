@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, check_fits, message_text
+from chatapp.chat.message import ChatMessage
 from chatapp.errors import UserFacingError
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def measure(session: ChatSession, messages: Sequence[ChatMessage], overflow: str
     """How much of the window the prompt of ``messages`` (the new message last) uses, as the
     turn would send it under ``overflow``: with drop-oldest, after leaving the oldest turns out
     (all but the new message, when even that alone is over); with refuse, the whole chat."""
-    n_ctx, room = session.engine.target.n_ctx, session.prompt_room
+    n_ctx, room = session.n_ctx, session.prompt_room
     history = [m for m in messages if m.role != "system"]
     if overflow == DROP_OLDEST:
         plan = session.fit(history)

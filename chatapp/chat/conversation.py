@@ -1,5 +1,5 @@
 """One conversation end to end: its messages, their history rows, the turn lifecycle, the draft
-length (``draft_length``), reconfiguring and closing the models.
+length (``chatapp.policy.draft_length.DraftLength``), reconfiguring and closing the models.
 
 The chat app and ``specchat run`` each hold one ``Conversation`` and only call it; they render
 what it yields and never reach into the engine, the drafters, the backends or the history: the
@@ -25,24 +25,30 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.chats import SavedChats
 from chatapp.chat.context import ContextUse, check_message, check_room, measure
-from chatapp.chat.draft_length import DraftLength
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import generation_settings
-from chatapp.chat.session import ChatSession, fallback_template_note
-from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn, turn_meta
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_settings import generation_settings, policy_setting
+from chatapp.chat.reply_values import DraftLengthUse, Ending, k_label
+from chatapp.chat.session import ChatSession
+from chatapp.chat.turns import (
+    ChatEntry,
+    ChatEvent,
+    PlanEvent,
+    ReplayJob,
+    Turn,
+    turn_meta,
+)
+from chatapp.engine.contracts import DraftHints
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.engine.stats import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
 from chatapp.errors import UserFacingError
+from chatapp.policy.draft_length import DraftLength
 from chatapp.settings.config import Config
-
-if TYPE_CHECKING:
-    from chatapp.drafters.suffix import SuffixSource
 
 # A target-only turn shorter than this is too noisy to be the speedup baseline.
 MIN_BASELINE_TOKENS = 8
@@ -63,25 +69,22 @@ class Conversation:
         self.chats = SavedChats(history, on_write_error=on_write_error,
                                 on_delete=self._index_forgets)
         self.session: ChatSession | None = None
-        self.draft_length = DraftLength(config)
-        self.policy = self.draft_length.policy  # what every turn drafts with, for good
+        self.policy = DraftLength(policy_setting(config))  # every turn drafts with it, for good
         self.chat_id: int | None = None
         self.entries: list[ChatEntry] = []
         self.turn: Turn | None = None  # the reply being made, in this chat or an earlier one
         self.replaying: ReplayJob | None = None
         self.epoch = 0
         self.baseline_tps: float | None = None  # decode tok/s of a target-only turn, this pair
-        self._told_fallback_template = False
+        self._forgotten: set[int] = set()  # chats deleted since the last reply (``DraftHints``)
 
     # -- models ---------------------------------------------------------------------------------
 
     def attach(self, session: ChatSession) -> None:
         """Chat with ``session``'s models from now on."""
         self.session = session
-        self.draft_length.models_loaded(self.config)
+        self.policy.models_loaded(policy_setting(self.config))
         self.baseline_tps = None  # a new pair: measure the target alone again
-        self._told_fallback_template = False
-        self._index_follows_chat()
 
     def release(self) -> None:
         """Close the models (a reload follows, or the chat ends)."""
@@ -91,12 +94,12 @@ class Conversation:
 
     @property
     def has_drafter(self) -> bool:
-        return self.session is not None and self.session.engine.drafter_name is not None
+        return self.session is not None and self.session.has_drafter
 
     @property
     def n_ctx(self) -> int | None:
         """The loaded target's context window, in tokens (None: no models loaded)."""
-        return self.session.engine.target.n_ctx if self.session is not None else None
+        return self.session.n_ctx if self.session is not None else None
 
     @property
     def busy(self) -> bool:
@@ -108,7 +111,7 @@ class Conversation:
         old, self.config = self.config, config
         self.chats.record_settings(self.chat_id, old, config)
         if config.draft_length != old.draft_length:
-            self.draft_length.configure(config, loaded=self.session is not None)
+            self.policy.configure(policy_setting(config), loaded=self.session is not None)
         if self.session is not None:
             self.session.configure(generation_settings(config), config.system_prompt)
             if config.seed is not None and config.seed != old.seed:
@@ -120,18 +123,18 @@ class Conversation:
     @property
     def k_label(self) -> str:
         """The draft length in force, as the front ends show it ("3", "auto(4)")."""
-        return self.draft_length.label
+        return k_label(self.policy.current_k(), self.policy.adaptive)
 
     def adjust_draft_length(self, delta: int) -> int:
         """K + ``delta`` (an adaptive policy becomes a fixed K); returns the K now in force."""
-        return self.draft_length.adjust(delta, self.turn.last_k if self.turn else None)
+        return self.policy.adjust(delta, self.turn.last_k if self.turn else None)
 
     def set_draft_length(self, k: int) -> None:
-        self.draft_length.set(k)
+        self.policy.set(k)
 
     def set_auto_draft_length(self) -> None:
         auto = dataclasses.replace(self.config, draft_length="auto")
-        self.draft_length.configure(auto, loaded=self.session is not None)
+        self.policy.configure(policy_setting(auto), loaded=self.session is not None)
 
     # -- chats ----------------------------------------------------------------------------------
 
@@ -142,7 +145,6 @@ class Conversation:
             self.turn.cancel.set()
         self.epoch += 1
         self.chat_id = chat_id
-        self._index_follows_chat()
         stored = self.history.messages(chat_id) if self.history and chat_id is not None else []
         self.entries = [ChatEntry.from_stored(m) for m in stored]
         return self.entries
@@ -152,19 +154,15 @@ class Conversation:
         """The store behind ``chats`` (for this layer and tests; front ends use ``chats``)."""
         return self.chats.store
 
-    @property
-    def _history_index(self) -> SuffixSource | None:
-        """The default drafter's index of the history, when the loaded models have one."""
-        return self.session.history_index if self.session is not None else None
-
-    def _index_follows_chat(self) -> None:
-        """Tell the default drafter's index of the history which chat the context is."""
-        if self._history_index is not None:
-            self._history_index.open_chat(self.chat_id)
-
     def _index_forgets(self, chat_id: int) -> None:
-        if self._history_index is not None:
-            self._history_index.remove_chat(chat_id)
+        """``chat_id`` left the history: the next reply's hints say so to the suffix index."""
+        self._forgotten.add(chat_id)
+
+    def _hints(self, turn: Turn) -> DraftHints:
+        """What ``turn`` tells the drafters: the chat its text is filed under (None: not saved)
+        and the chats deleted since the last reply."""
+        forgotten, self._forgotten = frozenset(self._forgotten), set()
+        return DraftHints(document=turn.chat_id, forgotten=forgotten)
 
     @property
     def messages(self) -> list[ChatMessage]:
@@ -240,11 +238,11 @@ class Conversation:
 
     def _start(self, user_text: str, *, user_entry: ChatEntry | None = None,
                replaces: ChatEntry | None = None, meta: dict[str, Any] | None = None) -> Turn:
+        k = DraftLengthUse(self.policy.adaptive, self.policy.current_k())
         turn = Turn(messages=self.messages, user_text=user_text, chat_id=self.chat_id,
                     epoch=self.epoch, user_entry=user_entry, replaces=replaces,
-                    meta=turn_meta(self._require_session().settings, self.config, self.k_label)
-                    | (meta or {}), k_start=self.policy.current_k(),
-                    adaptive=self.policy.adaptive)
+                    meta=turn_meta(self._require_session().settings, self.config, k)
+                    | (meta or {}), k_start=k.start, adaptive=k.adaptive)
         self.turn = turn
         return turn
 
@@ -253,15 +251,12 @@ class Conversation:
         the models raise; a message that does not fit the context sets ``turn.not_sent``."""
         session = self._require_session()
         try:
-            plan, events = session.stream(turn.messages, self.policy, turn.cancel)
+            plan, events = session.reply(turn.messages, self.policy, hints=self._hints(turn),
+                                         cancel=turn.cancel)
         except ContextOverflowError:
             turn.not_sent = True
             raise
-        note = ""
-        if plan.fallback_template and not self._told_fallback_template:
-            self._told_fallback_template = True  # once per loaded model
-            note = fallback_template_note(session.engine.target_name)
-        yield PlanEvent(len(plan.tokens), plan.dropped_messages, note)
+        yield PlanEvent(len(plan.tokens), plan.dropped_messages, plan.note)
         yield from events
 
     def run(self, turn: Turn, on_event: Callable[[ChatEvent], None] | None = None) -> ChatEntry:
@@ -292,8 +287,8 @@ class Conversation:
             self.entries.append(entry)
         if self.turn is turn:
             self.turn = None
-        if finish_reason != "error":
-            self.draft_length.remember(self.config)
+        if finish_reason is not Ending.ERROR:
+            self.policy.remember(policy_setting(self.config))
         if is_target_only(stats) and stats.tokens >= MIN_BASELINE_TOKENS:
             self.baseline_tps = decode_tokens_per_s(stats)
         return entry
@@ -302,7 +297,7 @@ class Conversation:
         """The reply failed. What it made so far is kept (the entry returned); a reply without
         a token is rolled back (None): its user message leaves the chat and the history, and
         the front end gives ``turn.user_text`` back to the user."""
-        turn.finish_reason = "error"
+        turn.finish_reason = Ending.ERROR
         if turn.text:
             return self.finish(turn)
         if self.turn is turn:
@@ -326,7 +321,7 @@ class Conversation:
         turn = self.turn
         if turn is not None and not turn.done:
             turn.cancel.set()
-            self._save_reply(turn, "cancelled", turn.stats())
+            self._save_reply(turn, Ending.CANCELLED, turn.stats())
         if self.replaying is not None:
             self.replaying.cancel.set()
 
@@ -338,12 +333,11 @@ class Conversation:
                                                  self.config)
             if self.chat_id is None:
                 return None
-            self._index_follows_chat()  # the text so far becomes this chat's
         return self.chats.write(self.history.add_message, self.chat_id, "user", text,
                                 attachments=attachments)
 
-    def _save_reply(self, turn: Turn, finish_reason: str, stats: TurnStats) -> ChatEntry:
-        turn.meta["k"] = turn.k_label()
+    def _save_reply(self, turn: Turn, finish_reason: Ending, stats: TurnStats) -> ChatEntry:
+        turn.meta["k"] = turn.k_use().to_json()
         entry = ChatEntry("assistant", turn.text, None, list(turn.pieces), stats, finish_reason,
                           turn.meta)
         if turn.saved or self.history is None or turn.chat_id is None:

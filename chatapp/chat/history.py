@@ -20,8 +20,8 @@ from typing import Any
 
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.chat_settings import ChatSettings
-from chatapp.chat.finish import finish_text
 from chatapp.chat.history_schema import MIGRATIONS, SCHEMA_VERSION
+from chatapp.chat.reply_values import finish_text, k_text
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
@@ -389,8 +389,8 @@ def chat_markdown(chat: ChatSummary, messages: Sequence[StoredMessage]) -> str:
 
 def turn_summary(stats: TurnStats, meta: dict[str, Any]) -> str:
     parts = [f"{stats.tokens} tokens", f"{stats.tokens_per_s:.1f} tok/s"]
-    if "k" in meta:
-        parts.append(f"K {meta['k']}")
+    if k_text(meta.get("k")):
+        parts.append(f"K {k_text(meta['k'])}")
     if stats.drafted:
         parts += [f"acceptance {stats.acceptance_rate:.0%}",
                   f"{stats.mean_accepted_length:.2f} tokens per target call"]

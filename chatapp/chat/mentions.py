@@ -5,8 +5,10 @@ A word that starts with ``@`` (at the start of a line or after whitespace) names
 ends before trailing punctuation (``see @app.py.`` names ``app.py``). Words inside fenced code
 blocks are text, not files, so pasted code with decorators goes as typed.
 
-``split_mentions`` takes the words out of a message; ``read_mentions`` reads the files they name
-(``chatapp.chat.attachments.read_attachment``, relative to a folder, ``~`` expanded);
+``mentioned_paths`` finds the words of a message; ``read_mentions`` reads the files they name
+(``chatapp.chat.attachments.read_attachment``, relative to a folder, ``~`` expanded). The words
+stay in the message's text as typed, so that the sentence still says what was asked ("rename a
+in @calc.py"); the files go with it as attachments;
 ``mentions_to_count`` is the message as the context meter counts it while it is typed;
 ``complete_path`` completes a path being typed after ``@`` (the longest common prefix of the
 entries that match).
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from chatapp.chat.attachments import (
@@ -41,62 +42,44 @@ def mention(path: str) -> str:
     return f'@"{path}"' if re.search(r"\s", path) else f"@{path}"
 
 
-def split_mentions(text: str, taken: Callable[[str], bool] | None = None
-                   ) -> tuple[str, list[str]]:
-    """``text`` without its ``@path`` words (and the spaces before them), and the paths, in
-    order, each once; with ``taken``, only the words of the paths it accepts."""
+def mentioned_paths(text: str) -> list[str]:
+    """The paths of ``text``'s ``@path`` words (fenced code aside), in order, each once."""
     fenced = [match.span() for match in FENCE.finditer(text)]
     paths: list[str] = []
-    kept = ""
-    end = 0
     for match in MENTION.finditer(text):
-        if any(start <= match.start() < stop for start, stop in fenced):
-            continue
         path = match.group(1) or match.group(2)
-        if taken is not None and not taken(path):
-            continue
-        if path not in paths:
+        if path not in paths and not any(start <= match.start() < stop
+                                         for start, stop in fenced):
             paths.append(path)
-        kept += _after_removal(kept, text[end:match.start()]).rstrip(" \t")
-        end = match.end()
-    if not paths:
-        return text, []
-    return (kept + _after_removal(kept, text[end:])).strip(), paths
-
-
-def _after_removal(kept: str, chunk: str) -> str:
-    """``chunk``, the text after a removed word, without the spaces that began it when the
-    word began a line."""
-    return chunk.lstrip(" \t") if not kept or kept.endswith("\n") else chunk
+    return paths
 
 
 def read_mentions(text: str, folder: Path) -> tuple[str, list[Attachment]]:
-    """``text`` without its ``@path`` words, and the files they name read as attachments (paths
+    """``text`` as typed, and the files its ``@path`` words name read as attachments (paths
     relative to ``folder``); ``AttachmentError`` for the first that cannot be attached, with a
     hint for an ``@`` that was not meant as a file."""
-    bare, paths = split_mentions(text)
     attachments = []
-    for path in paths:
+    for path in mentioned_paths(text):
         try:
             attachments.append(read_attachment(path, folder))
         except AttachmentError as error:
             raise AttachmentError(f"@{path}: {error} (A word starting with @ attaches a file; "
                                   "in a ``` code block it is sent as typed.)") from None
-    return bare, attachments
+    return text, attachments
 
 
 def mentions_to_count(text: str, folder: Path) -> tuple[str, list[Attachment]]:
-    """``text`` as the context meter counts it before it is sent: as ``read_mentions`` makes it
-    for the files that can be attached and hold at most ``METER_BYTES`` (read while the user
-    types); the ``@path`` word of any other file stays in the text, counted as typed."""
+    """``text`` and the files the context meter counts with it before it is sent: as
+    ``read_mentions`` reads them, those that can be attached and hold at most ``METER_BYTES``
+    (read while the user types)."""
     files: dict[str, Attachment] = {}
-    for path in split_mentions(text)[1]:
+    for path in mentioned_paths(text):
         try:
             if attachment_path(path, folder).stat().st_size <= METER_BYTES:
                 files[path] = read_attachment(path, folder)
         except (OSError, AttachmentError):
             continue
-    return split_mentions(text, files.__contains__)[0], list(files.values())
+    return text, list(files.values())
 
 
 def typed_fragment(before_cursor: str) -> str | None:

@@ -1,14 +1,17 @@
-"""A conversation bound to an engine: builds a prompt that fits the context, streams the reply,
-and decodes a reply again with the target alone (``decode_alone``: a replay at K = 0).
+"""The one reply pipeline: every reply, whoever asks (the chat app, ``specchat run``, the web tab,
+the API server), is ``ChatSession.reply``, and nothing else in the chat layer calls the engine.
 
-``ChatSession.stream(messages, ...)`` turns the conversation (system prompt first, if any) into
-prompt tokens with the target's chat template. When the conversation and ``reply_room`` have
-outgrown the context window, the oldest turns are dropped (``fit``: never the system prompt, never
-the newest user message) and ``PromptPlan.dropped_messages`` says how many, so the UI can tell the
-user (the ``overflow`` setting's "refuse" is the conversation's: ``chatapp.chat.context``); when
-the target has no usable chat template, ``PromptPlan.fallback_template`` is set and
-``fallback_template_note`` is what to tell the user. The session owns the random generator,
-seeded once, so the same seed and settings give the same conversation.
+``reply(messages, policy, rules=..., overrides=..., hints=..., cancel=...)`` plans the prompt with
+the caller's ``PromptRules`` (``chatapp.chat.prompt``: a chat trims its oldest turns, the API
+refuses), the room for the reply by one rule (``reply_room``), and returns the plan with the
+engine's event stream; the per-reply ``DraftHints`` (a predicted output, which document of the
+history the suffix index files the reply under) go to the engine, which hands them to the
+drafter. ``decode_alone`` decodes a reply again with the target alone (a replay at K = 0).
+
+The session hides its engine: callers get what they need of it (``n_ctx``, ``tokenize``, the
+prompt of some messages, the target's name, whether there is a drafter). It owns the random
+generator, seeded once, so the same seed and settings give the same conversation; a request may
+bring a seed of its own (``ReplyOverrides``), which leaves the session's generator alone.
 """
 
 from __future__ import annotations
@@ -19,151 +22,179 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from chatapp.backends.chat_template import ChatMessage
-from chatapp.drafters.suffix import SuffixSource
-from chatapp.engine.contracts import DraftPolicy
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.prompt import (
+    TRIM_OLDEST,
+    PromptPlan,
+    PromptRules,
+    fallback_template_note,
+    reply_room,
+)
+from chatapp.engine.contracts import NO_HINTS, DraftHints, DraftPolicy
 from chatapp.engine.events import DoneEvent, Event
-from chatapp.engine.loop import ContextOverflowError, GenerationSettings, SpeculativeEngine
+from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.sampling import SamplingParams
 from chatapp.engine.stats import TurnStats
 from chatapp.policy.fixed import FixedDraftLength
 
-# Room kept free for the reply when trimming: at least this many tokens, at most max_tokens.
-MIN_REPLY_ROOM = 64
-
 
 @dataclass(frozen=True)
-class PromptPlan:
-    tokens: list[int]
-    dropped_messages: int
-    fallback_template: bool = False  # the target had no usable chat template; ChatML was used
+class ReplyOverrides:
+    """What one request sets for its reply alone; None takes the session's settings."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
 
 
-def fallback_template_note(model_name: str) -> str:
-    """What to tell the user when ``model_name``'s chat template was missing or failed."""
-    return (f"{model_name} has no usable chat template, so the conversation is formatted with a "
-            "plain ChatML template; replies may be off. A model file that includes its chat "
-            "template (every model in `specchat models` does) avoids this.")
+NO_OVERRIDES = ReplyOverrides()
 
 
 class ChatSession:
+    """The reply pipeline over one loaded pair of models; see the module docstring."""
+
     def __init__(self, engine: SpeculativeEngine, settings: GenerationSettings,
                  seed: int, system_prompt: str = "", notes: tuple[str, ...] = (),
-                 history_index: SuffixSource | None = None) -> None:
-        """``notes``: what the user should be told once about how the models run here.
-        ``history_index``: the default drafter's suffix index over the history; the conversation
-        tells it which chat is open and which was deleted (``SuffixSource.open_chat``,
-        ``remove_chat``)."""
-        self.engine = engine
+                 takes_prediction: bool = False) -> None:
+        """``notes``: what the user should be told once about how the models run here;
+        ``takes_prediction``: the drafter drafts from a predicted output (the default drafter
+        does; the draft model alone does not)."""
+        self._engine = engine
+        self._settings = settings
+        self._seed = seed
+        self._system_prompt = system_prompt
+        self._rng = np.random.default_rng(seed)
+        self._told_fallback = False
         self.notes = notes
-        self.history_index = history_index
-        self.settings = settings
-        self.seed = seed
-        self.system_prompt = system_prompt
-        self.rng = np.random.default_rng(seed)
+        self.takes_prediction = takes_prediction
+
+    # -- what callers may know of the models ---------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        """The target's context window, in tokens."""
+        return self._engine.target.n_ctx
+
+    @property
+    def target_name(self) -> str:
+        return self._engine.target_name
+
+    @property
+    def has_drafter(self) -> bool:
+        return self._engine.drafter is not None
+
+    def tokenize(self, text: str) -> list[int]:
+        """``text``'s tokens in the target's vocabulary (no special tokens)."""
+        return self._engine.target.tokenize(text)
+
+    # -- settings -------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> GenerationSettings:
+        return self._settings
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def system_prompt(self) -> str:
+        return self._system_prompt
 
     def configure(self, settings: GenerationSettings, system_prompt: str) -> None:
         """Use ``settings`` and ``system_prompt`` from the next reply on."""
-        self.settings = settings
-        self.system_prompt = system_prompt
+        self._settings = settings
+        self._system_prompt = system_prompt
 
     def reseed(self, seed: int) -> None:
         """Restart the random generator from ``seed`` (the same seed gives the same replies)."""
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self._seed = seed
+        self._rng = np.random.default_rng(seed)
 
     def close(self) -> None:
         """Release both models; best effort (the process may be exiting)."""
         try:
-            self.engine.close()
+            self._engine.close()
         except Exception:
             pass
 
+    # -- prompts (the chat's rules; the context meter measures with them) -----------------------
+
     @property
     def reply_room(self) -> int:
-        """Tokens of the context window kept free for the reply when the prompt is planned."""
-        return min(self.settings.max_tokens, max(MIN_REPLY_ROOM, self.engine.target.n_ctx // 4))
+        """Tokens of the context window kept free for a reply of the session's settings."""
+        return reply_room(self._settings.max_tokens, self.n_ctx)
 
     @property
     def prompt_room(self) -> int:
-        """The most tokens a prompt may have: the context window less the reply's room."""
-        return self.engine.target.n_ctx - self.reply_room
+        """The most tokens a chat's prompt may have: the context window less the reply's room."""
+        return self.n_ctx - self.reply_room
+
+    def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The chat prompt of ``messages`` (their system messages left out) after the system
+        prompt, through the target's chat template."""
+        return self._render(TRIM_OLDEST.with_system(self._system_prompt, messages))
 
     def message_tokens(self, text: str) -> int:
         """The length of the prompt that holds the system prompt and the user message ``text``
         alone (what must fit however many older turns are left out)."""
         return len(self.prompt([ChatMessage("user", text)]))
 
-    def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """The prompt tokens of ``messages`` (their system messages left out), after the system
-        prompt, through the target's chat template."""
-        system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        return self.engine.target.chat_prompt(system + [m for m in messages if m.role != "system"])
-
     def fit(self, messages: Sequence[ChatMessage]) -> PromptPlan | None:
-        """The prompt of ``messages`` (system messages left out) with the fewest oldest messages
-        left out so that it and ``reply_room`` fit the context window; None when even the newest
-        message alone does not fit. The prompt starts at a user message (whole turns leave), at
-        the first message, or at the newest alone.
+        """The chat prompt of ``messages`` with the fewest oldest turns left out so that it and
+        ``reply_room`` fit (``TrimOldest.fit``); None when even the newest message alone does
+        not."""
+        return TRIM_OLDEST.fit(self._render, self._system_prompt, messages, self.prompt_room)
 
-        Assumes that leaving more out never makes the prompt longer (true of chat templates),
-        so the start is found by bisection: a few tokenizations, however long the chat."""
-        history = [m for m in messages if m.role != "system"]
-        if not history:
-            return None
-        starts = [i for i, m in enumerate(history) if i == 0 or m.role == "user"]
-        starts += [] if starts[-1] == len(history) - 1 else [len(history) - 1]
-        found: dict[int, list[int]] = {}
+    # -- the reply pipeline ---------------------------------------------------------------------
 
-        def fits(start: int) -> bool:
-            found[start] = self.prompt(history[start:])
-            return len(found[start]) <= self.prompt_room
-
-        low, high = 0, len(starts) - 1
-        if not fits(starts[high]):
-            return None
-        while low < high:  # the first start that fits is in starts[low:high + 1]
-            middle = (low + high) // 2
-            if fits(starts[middle]):
-                high = middle
-            else:
-                low = middle + 1
-        start = starts[low]  # tested, and it fitted
-        return PromptPlan(found[start], start, self.engine.target.uses_fallback_template)
-
-    def plan_prompt(self, messages: Sequence[ChatMessage]) -> PromptPlan:
-        """Prompt tokens for ``messages``, dropping the oldest turns until a reply fits
-        (``fit``).
-
-        Raises ``ContextOverflowError`` when even the newest message alone does not fit.
-        """
-        plan = self.fit(messages)
-        if plan is not None:
-            return plan
-        target = self.engine.target
-        tokens = self.prompt([m for m in messages if m.role != "system"][-1:])
-        raise ContextOverflowError(
-            f"Your message is {len(tokens)} tokens with the chat template, and the context window "
-            f"holds {target.n_ctx} with {self.reply_room} kept for the reply. Shorten the "
-            "message, or start specchat with a larger --n-ctx."
-        )
-
-    def stream(self, messages: Sequence[ChatMessage], policy: DraftPolicy,
-               cancel: threading.Event | None = None) -> tuple[PromptPlan, Iterator[Event]]:
-        """Plan the prompt (may raise) and return it with the reply's event stream."""
-        plan = self.plan_prompt(messages)
-        return plan, self.engine.generate(plan.tokens, self.settings, self.rng, policy, cancel)
+    def reply(self, messages: Sequence[ChatMessage], policy: DraftPolicy, *,
+              rules: PromptRules = TRIM_OLDEST, overrides: ReplyOverrides = NO_OVERRIDES,
+              hints: DraftHints = NO_HINTS, cancel: threading.Event | None = None,
+              ) -> tuple[PromptPlan, Iterator[Event]]:
+        """Plan the prompt of ``messages`` under ``rules`` (may raise what they raise) and return
+        the plan with the reply's event stream, drafted with ``policy`` and ``hints``; setting
+        ``cancel`` ends the reply after the step under way."""
+        settings = self._settings_with(overrides)
+        plan = rules.plan(self._render, self._system_prompt, messages, self.n_ctx,
+                          reply_room(settings.max_tokens, self.n_ctx))
+        plan = replace(plan, fallback_template=self._engine.target.uses_fallback_template,
+                       note=self._fallback_note())
+        rng = self._rng if overrides.seed is None else np.random.default_rng(overrides.seed)
+        return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints)
 
     def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
                      cancel: threading.Event) -> TurnStats | None:
-        """Decode the reply to ``messages`` with the target alone (K = 0), ``max_tokens`` tokens
-        at most, sampling from a generator seeded as this session's was: its final statistics,
-        None when ``cancel`` stopped it. The session's own generator is left alone, so later
-        replies are as they would have been."""
-        plan = self.plan_prompt(messages)
-        settings = replace(self.settings, max_tokens=max_tokens)
-        rng = np.random.default_rng(self.seed)
-        for event in self.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
-                                          cancel):
+        """Decode the reply to ``messages`` (the chat's prompt) with the target alone (K = 0),
+        ``max_tokens`` tokens at most, sampling from a generator seeded as this session's was:
+        its final statistics, None when ``cancel`` stopped it. The session's own generator is
+        left alone, so later replies are as they would have been."""
+        plan = TRIM_OLDEST.plan(self._render, self._system_prompt, messages, self.n_ctx,
+                                self.reply_room)
+        settings = replace(self._settings, max_tokens=max_tokens)
+        rng = np.random.default_rng(self._seed)
+        for event in self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
+                                           cancel):
             if isinstance(event, DoneEvent):
                 return None if cancel.is_set() else event.stats
         return None
+
+    def _render(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self._engine.target.chat_prompt(messages)
+
+    def _settings_with(self, overrides: ReplyOverrides) -> GenerationSettings:
+        base = self._settings
+        sampling = SamplingParams(
+            base.sampling.temperature if overrides.temperature is None else overrides.temperature,
+            base.sampling.top_k if overrides.top_k is None else overrides.top_k,
+            base.sampling.top_p if overrides.top_p is None else overrides.top_p)
+        return GenerationSettings(sampling, overrides.max_tokens or base.max_tokens)
+
+    def _fallback_note(self) -> str:
+        """The fallback template's note on the first reply that used it, else ""."""
+        if not self._engine.target.uses_fallback_template or self._told_fallback:
+            return ""
+        self._told_fallback = True
+        return fallback_template_note(self.target_name)

@@ -1,21 +1,21 @@
 """The records of a conversation: its messages (``ChatEntry``), a reply being made (``Turn``),
 the plan of a turn's prompt (``PlanEvent``) and a replay at K = 0 (``ReplayJob``).
 
-Plain data with what belongs to it (a turn takes in its events: ``Turn.apply``; the K label,
-formatted from numbers: ``k_label``); they are made and changed by
+Plain data with what belongs to it (a turn takes in its events: ``Turn.apply``; how it ended and
+the K it used are values: ``chatapp.chat.reply_values``); they are made and changed by
 ``chatapp.chat.conversation.Conversation`` and read by the front ends.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.history import StoredMessage
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_values import DraftLengthUse, Ending, k_text
 from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.engine.loop import GenerationSettings
 from chatapp.engine.stats import ReplayStats, TurnStats
@@ -33,14 +33,15 @@ class ChatEntry:
     message_id: int | None = None
     pieces: list[Piece] | None = None
     stats: TurnStats | None = None
-    finish_reason: str | None = None
+    finish_reason: Ending | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     attachments: tuple[Attachment, ...] = ()  # the files sent with a user message
 
     @classmethod
     def from_stored(cls, message: StoredMessage) -> "ChatEntry":
+        ending = Ending(message.finish_reason) if message.finish_reason else None
         return cls(message.role, message.content, message.id, message.runs, message.stats,
-                   message.finish_reason, dict(message.meta), message.attachments)
+                   ending, dict(message.meta), message.attachments)
 
     @property
     def sent_text(self) -> str:
@@ -49,7 +50,8 @@ class ChatEntry:
 
     @property
     def k_label(self) -> str:
-        return str(self.meta.get("k", ""))
+        """The draft length the reply used, as shown (``k_text``)."""
+        return k_text(self.meta.get("k"))
 
     @property
     def target_rpc(self) -> tuple[str, ...]:
@@ -93,7 +95,7 @@ class Turn:
     pieces: list[Piece] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
     _stats: TurnStats = field(default_factory=TurnStats, init=False)  # the latest figures
-    finish_reason: str | None = None
+    finish_reason: Ending | None = None
     not_sent: bool = False  # the message did not fit the context: nothing was generated
     saved: bool = False
 
@@ -121,43 +123,33 @@ class Turn:
                                   prompt_s=event.seconds)
         elif isinstance(event, DoneEvent):
             self._stats = event.stats
-            self.finish_reason = event.finish_reason.value
+            self.finish_reason = Ending.of(event.finish_reason)
 
     def stats(self) -> TurnStats:
         """The engine's statistics as of the latest step (the final ones once done)."""
         return self._stats
 
+    def k_use(self) -> DraftLengthUse:
+        """The draft length the reply used, so far."""
+        return DraftLengthUse.of_steps(self.adaptive, self.k_start,
+                                       [step.k for step in self.steps])
+
     def k_label(self) -> str:
-        """The draft length the reply used (see ``k_label``)."""
-        return k_label(self.k_start, self.adaptive, [step.k for step in self.steps])
+        """The draft length the reply used, as shown (``k_label``)."""
+        return self.k_use().label
 
     @property
     def last_k(self) -> int | None:
         return self.steps[-1].k if self.steps else None
 
 
-def turn_meta(settings: GenerationSettings, config: Config, k: str) -> dict[str, Any]:
-    """What a reply keeps of the settings it was made with: the draft length ``k`` as shown,
+def turn_meta(settings: GenerationSettings, config: Config, k: DraftLengthUse) -> dict[str, Any]:
+    """What a reply keeps of the settings it was made with: the draft length ``k`` (as numbers),
     the sampling, the longest reply, the models (and the target's RPC servers)."""
-    return {"k": k, "temperature": settings.sampling.temperature,
+    return {"k": k.to_json(), "temperature": settings.sampling.temperature,
             "top_p": settings.sampling.top_p, "top_k": settings.sampling.top_k,
             "max_tokens": settings.max_tokens, "draft": config.draft,
             "target": config.target} | ({"target_rpc": list(config.rpc)} if config.rpc else {})
-
-
-def k_label(k: int, adaptive: bool, ks: Sequence[int] = ()) -> str:
-    """The draft length as the front ends show it, formatted here only: ``k`` is the K in force
-    (when a reply started), ``adaptive`` whether the policy chooses it, ``ks`` the K of each step
-    of a reply so far. Before a step: "3", or "auto(3)"; after: the fixed K ("3"), "3→5" when the
-    user changed it while the reply streamed, or an adaptive policy's range ("auto 2–5")."""
-    if not ks:
-        return f"auto({k})" if adaptive else str(k)
-    if adaptive:
-        low, high = min(ks), max(ks)
-        return f"auto {low}" if low == high else f"auto {low}–{high}"
-    if min(ks) == max(ks) == k:
-        return str(k)
-    return f"{k}→{ks[-1]}"
 
 
 @dataclass(eq=False)

@@ -10,7 +10,7 @@ import numpy as np
 
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, Proposal
+from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, DraftHints, Proposal
 from chatapp.engine.sampling import SamplingParams
 
 
@@ -31,13 +31,9 @@ class NgramModelDrafter:
     def name(self) -> str:
         return f"ngram+{self.model.name}"
 
-    def predict(self, tokens: Sequence[int] | None) -> None:
-        """The next replies' predicted output (``NgramDrafter.predict``)."""
-        self.ngram.predict(tokens)
-
-    def prefill(self, context: Sequence[int]) -> None:
-        self.ngram.prefill(context)
-        self.model.prefill(context)
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        self.ngram.prefill(context, hints)
+        self.model.prefill(context, hints)
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.model.rollback(context, verified)
@@ -48,7 +44,7 @@ class NgramModelDrafter:
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.ngram.sync(context, score=True)
-        proposal = self.ngram.proposal(*self.ngram.choose(budget))
+        proposal = self.ngram.proposal(self.ngram.choose(budget))
         if proposal.tokens:
             return self._filled(context, proposal, budget.most, params, rng)
         drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
@@ -64,7 +60,3 @@ class NgramModelDrafter:
         return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
                         proposal.source, proposal.scores)
 
-
-def predicting_drafter(drafter: object) -> NgramDrafter | NgramModelDrafter | None:
-    """The drafter that takes a predicted output (``predict``), if ``drafter`` is or has one."""
-    return drafter if isinstance(drafter, NgramDrafter | NgramModelDrafter) else None

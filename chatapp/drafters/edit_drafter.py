@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
-from chatapp.engine.contracts import DraftBudget, Proposal
+from chatapp.engine.contracts import DraftBudget, DraftHints, Proposal
 from chatapp.engine.sampling import SamplingParams
 
 
@@ -25,7 +25,7 @@ class EditDrafter:
     def name(self) -> str:
         return EDIT_KIND
 
-    def prefill(self, context: Sequence[int]) -> None:
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
         self.sync(context)
         self.tracker.start_reply()
 

@@ -1,52 +1,46 @@
-"""Drafters besides the plain draft model: prompt lookup (n-gram), and n-gram then model.
+"""The default drafter's free sources together (``NgramDrafter``), and the n-gram lookup.
 
-``NgramDrafter`` (prompt-lookup decoding): the continuation of the most recent earlier occurrence
-of the longest suffix of the context (n-gram sizes ``min_n..max_n``, longest first). It costs no
-model call. Its proposal is deterministic given the context, so its distribution is one-hot and
-verification stays exact at any temperature (acceptance probability p(x)). The index maps every
-n-gram to the end of its most recent occurrence that has a continuation; it is extended with the
-tokens appended since the last call (O(new tokens x sizes)), and rebuilt only when the context is
-not an extension of what it has seen (a new conversation, an edited one).
+``NgramDrafter`` holds the free sources (``chatapp.drafters.sources``): the n-gram lookup
+(``LookupSource``), the speculative edits (``EditsSource`` over ``chatapp.drafters.edits``), the
+history-wide suffix index (``chatapp.drafters.suffix``) and, for a reply whose hints carry one,
+the predicted output (``chatapp.drafters.prediction``). It feeds each the context's tokens
+(``append``), asks each for a proposal and drafts the first candidate of
+``chatapp.drafters.sources.ranked`` whose kind the policy gives a budget. All are free and
+one-hot, so verification stays exact at any temperature.
 
-Because its proposals cost nothing, it can also tell how they would have fared: it replays
-"speculate with ``lookahead`` n-gram tokens at every step" over the tokens that were emitted and
-returns each would-be step as a ``ShadowScore`` with its next proposal, which the engine passes to
-the policy, even while the policy is not drafting. Matching a token the target emitted is an
-unbiased draw of the acceptance of a one-hot proposal (the target emitted x with probability
-p(x), which is the acceptance probability), so the policy learns the true acceptance rate at
-K = 0 and switches back on as soon as the text starts repeating (code being edited, a quoted
-passage).
+Prompt lookup (``LookupSource`` over an ``NgramIndex``): the continuation of the most recent
+earlier occurrence of the longest suffix of the context (n-gram sizes ``min_n..max_n``, longest
+first). The index maps every n-gram to the end of its most recent occurrence that has a
+continuation. The sources are extended with the tokens appended since the last call (O(new
+tokens x sizes)), and rebuilt only when the context is not an extension of what they have seen
+(a new conversation, an edited one): checked in full at each reply's ``prefill``; within a reply
+the engine's contexts extend each other, as the ``Drafter`` contract says.
 
-With ``edits`` (the default) an ``EditTracker`` (``chatapp.drafters.edits``: speculative edits)
-comes first, and with a ``suffix`` source (``chatapp.drafters.suffix``: the history-wide suffix
-index) a confident continuation from it comes before the lookup; a "suffix-long" one (an earlier
-chat's text being written again) even before the edits, unless they are in a confident run. Each
-source is replayed and scored under its own kinds. All are free and one-hot. A reply may also be
-given a predicted output (``predict``: ``chatapp.drafters.prediction``): where it proposes what
-the edits do, the two are one proposal, budgeted under whichever of their kinds has the larger
-budget; else it comes first when the edits propose nothing or its cursor is the more confident,
-else just before the lookup.
-
-``NgramModelDrafter`` ("ngram+model"): the n-gram drafter's proposal when there is one, else the
-draft model. Each source reports its own name, so the policy keeps acceptance and cost statistics
-per source and, on a machine where the draft model does not pay, gives it a budget of 0 while
-keeping the n-gram.
+Because the proposals cost nothing, the drafter can also tell how they would have fared: it
+replays "speculate with ``lookahead`` tokens at every step" for each source over the tokens that
+were emitted (``ShadowReplay``) and returns each would-be step as a ``ShadowScore`` with its next
+proposal, which the engine passes to the policy, even while the policy is not drafting. Matching
+a token the target emitted is an unbiased draw of the acceptance of a one-hot proposal (the
+target emitted x with probability p(x), which is the acceptance probability), so the policy
+learns the true acceptance rate at K = 0 and switches back on as soon as the text starts
+repeating (code being edited, a quoted passage).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from chatapp.drafters.edits import EDIT_RUN, EditTracker
-from chatapp.drafters.prediction import PredictionSource, agree, ahead_of_edits
+from chatapp.drafters.edits import EditTracker
+from chatapp.drafters.prediction import PredictionSource
+from chatapp.drafters.sources import NOTHING, Candidate, Source, ranked
 from chatapp.drafters.suffix import SuffixSource
-from chatapp.drafters.suffix_index import SUFFIX_LONG
 from chatapp.engine.contracts import (
     LONGEST_FREE_DRAFT,
     DraftBudget,
+    DraftHints,
     Proposal,
     ShadowScore,
 )
@@ -119,25 +113,77 @@ class NgramIndex:
         return None, 0
 
 
-Search = Callable[[int], tuple[list[int], str]]  # up to k tokens and their kind
-Candidate = tuple[list[int], tuple[str, ...]]  # a proposal and the kinds of the sources making it
+class LookupSource:
+    """The n-gram lookup as a ``Source``: ``NgramIndex.search`` over the context, under a kind
+    that says how long the matched n-gram was and how the latest scored proposal fared."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 4, kind: str = NGRAM_KIND,
+                 by_context: bool = True) -> None:
+        self.index = NgramIndex(min_n, max_n)
+        self.kind = kind
+        self.by_context = by_context
+        self.streak = "cold"  # how the latest scored proposal fared: hot (all), warm, cold (none)
+
+    def restart(self) -> None:
+        """The context starts over: an empty index (the streak stays)."""
+        self.index = NgramIndex(self.index.min_n, self.index.max_n)
+
+    def append(self, token: int) -> None:
+        self.index.append(token)
+
+    def propose(self, context: Sequence[int], k: int) -> Candidate:
+        """Up to ``k`` tokens of n-gram lookup (``context`` is what was appended).
+
+        With ``by_context`` the kind says how long the matched n-gram is ("long": at least
+        ``LONG_MATCH`` tokens) and how the latest scored proposal fared ("hot": all of it matched,
+        "warm": some, "cold": none), e.g. "ngram-long-hot". Acceptance comes in runs (code being
+        copied, then an edit, then prose), so the policy learns how far to trust a proposal in
+        each case instead of one average (in the code-editing prompts of the bench, the first
+        token of a long match right after a fully matched proposal is right about 85% of the
+        time, that of a short match after a miss about 45%)."""
+        tokens, n = self.index.search(k)
+        if not self.by_context:
+            return Candidate(tokens, self.kind)
+        return Candidate(tokens, f"{self.kind}-{'long' if n >= LONG_MATCH else 'short'}-"
+                                 f"{self.streak}")
+
+    def scored(self, score: ShadowScore) -> None:
+        """Its latest would-be proposal scored ``score``: the streak of the next kinds."""
+        self.streak = ("hot" if score.matched == score.proposed
+                       else ("warm" if score.matched else "cold"))
+
+
+class EditsSource:
+    """The speculative edits (``EditTracker``) as a ``Source``."""
+
+    def __init__(self, ends_line: Callable[[int], bool] | None = None) -> None:
+        self.tracker = EditTracker(ends_line=ends_line)
+
+    def append(self, token: int) -> None:
+        self.tracker.append(token)
+
+    def propose(self, context: Sequence[int], k: int) -> Candidate:
+        tokens, kind = self.tracker.propose(k)
+        return Candidate(tokens, kind)
 
 
 class ShadowReplay:
     """One source's would-be speculation at every step, replayed over the emitted tokens: at
     ``at`` it would have proposed ``proposal`` (of ``kind``); ``settle`` scores it."""
 
-    def __init__(self, search: Search, lookahead: int, at: int = 0) -> None:
-        self.search = search
+    def __init__(self, source: Source, lookahead: int, at: int = 0) -> None:
+        self.source = source
         self.lookahead = lookahead
         self.at = at
         self.proposal: list[int] = []
         self.kind = ""
 
-    def start_if_due(self, position: int) -> None:
-        """Make the would-be proposal of a step starting at ``position``, if one starts there."""
-        if position == self.at and not self.proposal:
-            self.proposal, self.kind = self.search(self.lookahead)
+    def start_if_due(self, context: Sequence[int]) -> None:
+        """Make the would-be proposal of a step starting after ``context``, if one starts
+        there."""
+        if len(context) == self.at and not self.proposal:
+            candidate = self.source.propose(context, self.lookahead)
+            self.proposal, self.kind = candidate.tokens, candidate.kind
             if not self.proposal:
                 self.at += 1  # no proposal: that step would have been plain
 
@@ -158,55 +204,64 @@ class ShadowReplay:
         return ShadowScore(self.kind, len(proposal), matched)
 
 
+@dataclass(frozen=True)
+class Lookaheads:
+    """How far ahead each source's replay looks: the lookup, the edits (and a prediction), the
+    suffix index."""
+
+    lookup: int = LONGEST_FREE_DRAFT
+    edits: int = LONGEST_FREE_DRAFT
+    suffix: int = LONGEST_FREE_DRAFT
+
+
 class NgramDrafter:
-    """Prompt lookup, speculative edits and the suffix index; see the module docstring.
-    Implements ``Drafter``. Each source is replayed for the policy's shadow scores with its own
-    look-ahead (``lookahead`` tokens for the lookup, ``edit_lookahead`` for the edits,
-    ``suffix_lookahead`` for the suffix index)."""
+    """The free sources together; see the module docstring. Implements ``Drafter``.
+
+    ``edits``: with the speculative edits; ``suffix``: the history-wide suffix index (None:
+    without); ``ends_line``: which tokens end a line (the edits' line-by-line re-join);
+    ``lookaheads``: each source's replay look-ahead for the policy's shadow scores."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4,
-                 lookahead: int = LONGEST_FREE_DRAFT, kind: str = NGRAM_KIND,
-                 kind_by_context: bool = True, edits: bool = True,
-                 edit_lookahead: int = LONGEST_FREE_DRAFT, suffix: SuffixSource | None = None,
-                 suffix_lookahead: int = LONGEST_FREE_DRAFT,
-                 ends_line: Callable[[int], bool] | None = None) -> None:
+                 kind: str = NGRAM_KIND, kind_by_context: bool = True, edits: bool = True,
+                 suffix: SuffixSource | None = None,
+                 ends_line: Callable[[int], bool] | None = None,
+                 lookaheads: Lookaheads = Lookaheads()) -> None:
         self.vocab_size = vocab_size
-        self.min_n = min_n
-        self.max_n = max_n
-        self.lookahead = lookahead
-        self.kind = kind
-        self.kind_by_context = kind_by_context
-        self.edits = edits
-        self.edit_lookahead = edit_lookahead
         self.suffix = suffix
-        self.suffix_lookahead = suffix_lookahead
-        self.ends_line = ends_line
-        self._index = NgramIndex(min_n, max_n)
-        self._tracker = self._new_tracker()
-        self._seen: Any = None  # the context object last synced (the engine appends to it)
-        self._streak = "cold"  # how the latest scored lookup fared: hot (all), warm, cold (none)
-        self._scores: list[ShadowScore] = []  # settled since the last proposal
-        self._predicted: list[int] | None = None  # the next reply's predicted tokens
+        self.lookaheads = lookaheads
+        self._edits = edits
+        self._ends_line = ends_line
+        self._lookup = LookupSource(min_n, max_n, kind, kind_by_context)
+        self._tracker = self._new_edits()
         self.prediction: PredictionSource | None = None  # the reply's, from its prefill on
+        self._scores: list[ShadowScore] = []  # settled since the last proposal
         self._replays = self._new_replays(0)
 
     @property
     def name(self) -> str:
         return "ngram"
 
-    def predict(self, tokens: Sequence[int] | None) -> None:
-        """The replies from the next ``prefill`` on are expected to be ``tokens`` (a predicted
-        output); None: no prediction (the caller clears it after the reply)."""
-        self._predicted = list(tokens) if tokens else None
-        self.prediction = None
+    @property
+    def context(self) -> list[int]:
+        """Every token the sources were fed."""
+        return self._lookup.index.tokens
 
-    def prefill(self, context: Sequence[int]) -> None:
-        # the engine feeds the prompt's last token with the first step: the reply starts after it
-        self.prediction = None if self._predicted is None else PredictionSource(
-            self._predicted, len(context) + 1, self.ends_line)
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        """A reply starts: the suffix index follows the hints' document
+        (``SuffixSource.follow``), every source is fed ``context`` (all anew unless it extends
+        what they saw), and the predicted output (``hints.predicted``) becomes a source until
+        the next ``prefill``."""
+        if self.suffix is not None:
+            self.suffix.follow(hints)
+        known = len(self.context)
+        if not (len(context) >= known and list(context[:known]) == self.context):
+            self._restart()
+        self.prediction = PredictionSource(
+            hints.predicted, len(context) + 1, self._ends_line, at=len(self.context)) if (
+            hints.predicted) else None
         self.sync(context, score=False)
         if self._tracker is not None:
-            self._tracker.start_reply()  # a new reply: its own edits
+            self._tracker.tracker.start_reply()  # a new reply: its own edits
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the sources hold emitted tokens only, never drafts."""
@@ -217,147 +272,93 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         self.sync(context, score=True)
-        return self.proposal(*self.choose(budget))
+        return self.proposal(self.choose(budget))
 
-    def choose(self, budget: DraftBudget) -> tuple[list[int], str]:
-        """The proposal to draft after the last ``sync`` and its kind: the first candidate (see
-        the module docstring for the order) with a budget above 0, cut to it; a candidate that
-        several sources make goes under the kind with the largest budget."""
-        for tokens, kinds in self._candidates(budget.most):
-            kind = max(kinds, key=budget.for_source)
-            tokens = tokens[:budget.for_source(kind)]
+    def choose(self, budget: DraftBudget) -> Candidate:
+        """The candidate to draft after the last ``sync``: the first ranked one with a budget
+        above 0, cut to it, under whichever of its kinds has the largest budget."""
+        for candidate in self.candidates(budget.most):
+            kind = max(candidate.kinds, key=budget.for_source)
+            tokens = candidate.tokens[:budget.for_source(kind)]
             if tokens:
-                return tokens, kind
-        return [], self.kind
+                return Candidate(tokens, kind)
+        return NOTHING
 
-    def proposal(self, tokens: list[int], kind: str) -> Proposal:
-        """``tokens`` (from ``search``) as a one-hot proposal of ``kind``, with the shadow scores
-        settled since the last proposal."""
+    def candidates(self, k: int) -> list[Candidate]:
+        """Every source's proposal of up to ``k`` tokens, ranked (``ranked``)."""
+        context = self.context
+        return ranked(*(source.propose(context, k) if source is not None else NOTHING
+                        for source in (self.prediction, self._tracker, self.suffix,
+                                       self._lookup)))
+
+    def proposal(self, candidate: Candidate) -> Proposal:
+        """``candidate`` as a one-hot proposal, with the shadow scores settled since the last
+        proposal."""
         scores = tuple(self._scores)
         self._scores.clear()
-        if not tokens:
+        if not candidate.tokens:
             return Proposal.empty(self.vocab_size, scores)
-        return Proposal.one_hot(tokens, self.vocab_size, kind, scores)
-
-    def search(self, k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens continuing the context of the last ``sync`` from the first source
-        that has a proposal, and their kind."""
-        tokens, kinds = next(self._candidates(k), ([], (self.kind,)))
-        return tokens, kinds[0]
-
-    def _candidates(self, k: int) -> Iterator[Candidate]:
-        predicted, edit = self.prediction_search(k), self._edit_search(k)
-        edit_kinds: tuple[str, ...] = (edit[1],)
-        if agree(predicted[0], edit[0]):
-            edit_kinds += (predicted[1],)
-            edit = (max(edit[0], predicted[0], key=len), edit[1])
-            predicted = ([], "")
-        early = bool(predicted[0]) and ahead_of_edits(predicted[1], edit[1] if edit[0] else "")
-        if early:
-            yield predicted[0], (predicted[1],)
-        suffix = self.suffix_search(k)
-        first = suffix[1] == SUFFIX_LONG and not edit[1].startswith(EDIT_RUN)  # else edits first
-        ordered = [(suffix[0], (suffix[1],)), (edit[0], edit_kinds)]
-        for tokens, kinds in (ordered if first else ordered[::-1]):
-            if tokens:
-                yield tokens, kinds
-        if predicted[0] and not early:
-            yield predicted[0], (predicted[1],)
-        tokens, kind = self.lookup(k)
-        if tokens:
-            yield tokens, (kind,)
-
-    def _edit_search(self, k: int) -> tuple[list[int], str]:
-        """The edit tracker's proposal (none without ``edits``)."""
-        if self._tracker is None:
-            return [], ""
-        return self._tracker.propose(k)
-
-    def prediction_search(self, k: int) -> tuple[list[int], str]:
-        """The predicted output's proposal (none without a prediction)."""
-        if self.prediction is None:
-            return [], ""
-        return self.prediction.propose(self._index.tokens, k)
-
-    def suffix_search(self, k: int) -> tuple[list[int], str]:
-        """The suffix index's proposal (none without a ``suffix`` source)."""
-        if self.suffix is None:
-            return [], ""
-        return self.suffix.propose(self._index.tokens, k)
-
-    def lookup(self, k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens of n-gram lookup, and their kind.
-
-        With ``kind_by_context`` the kind says how long the matched n-gram is ("long": at least
-        ``LONG_MATCH`` tokens) and how the latest scored proposal fared ("hot": all of it matched,
-        "warm": some, "cold": none), e.g. "ngram-long-hot". Acceptance comes in runs (code being
-        copied, then an edit, then prose), so the policy learns how far to trust a proposal in
-        each case instead of one average (in the code-editing prompts of the bench, the first
-        token of a long match right after a fully matched proposal is right about 85% of the
-        time, that of a short match after a miss about 45%)."""
-        tokens, n = self._index.search(k)
-        return tokens, self._kind(n)
-
-    def _kind(self, n: int) -> str:
-        if not self.kind_by_context:
-            return self.kind
-        return f"{self.kind}-{'long' if n >= LONG_MATCH else 'short'}-{self._streak}"
+        return Proposal.one_hot(candidate.tokens, self.vocab_size, candidate.kind, scores)
 
     def sync(self, context: Sequence[int], score: bool) -> None:
-        """Feed every source the tokens of ``context`` not seen yet (start over if it is not an
-        extension); with ``score``, replay each source's speculation over them and keep how it
-        would have fared for the next proposal's ``scores``."""
-        index = self._index
-        known = len(index)
-        extends = len(context) >= known and (
-            (context is self._seen and (known == 0 or context[known - 1] == index.tokens[-1]))
-            or list(context[:known]) == index.tokens)
-        if not extends:
-            self._index = index = NgramIndex(self.min_n, self.max_n)
-            self._tracker = self._new_tracker()
-            self._replays = self._new_replays(0)
+        """Feed every source the tokens of ``context`` not seen yet (all anew if it does not
+        end as what they saw: the contract has the engine's contexts extend each other within a
+        reply); with ``score``, replay each source's speculation over them and keep how it would
+        have fared for the next proposal's ``scores``."""
+        known = len(self.context)
+        if not known or len(context) < known or context[known - 1] != self.context[-1]:
+            self._restart()
             known = 0
-        if known == 0 and self.suffix is not None:
-            self.suffix.reset()  # the context is the open chat's whole text
-        self._seen = context
-        tracker, suffix, replays = self._tracker, self.suffix, self._replays
+        seen, sources = self.context, self._sources()
         for position in range(known, len(context)):
             if score:
-                for replay in replays:
-                    replay.start_if_due(position)
+                for replay in self._replays:
+                    replay.start_if_due(seen)
             token = context[position]
-            index.append(token)
-            if tracker is not None:
-                tracker.append(token)
-            if suffix is not None:
-                suffix.append(token)
+            for source in sources:
+                source.append(token)
             if score:
-                self._settle(replays)
+                self._settle()
         if not score:  # nothing replayed: start replaying from here next time
-            self._replays = self._new_replays(len(index))
+            self._replays = self._new_replays(len(seen))
 
-    def _new_tracker(self) -> EditTracker | None:
-        return EditTracker(ends_line=self.ends_line) if self.edits else None
+    def _restart(self) -> None:
+        """The context is not an extension of what the sources saw: start them over."""
+        self._lookup.restart()
+        self._tracker = self._new_edits()
+        self._replays = self._new_replays(0)
+        if self.prediction is not None:
+            self.prediction.restart()
+        if self.suffix is not None:
+            self.suffix.reset()  # the context is the open chat's whole text
 
-    def _settle(self, replays: list[ShadowReplay]) -> None:
-        """Keep the scores the latest token decided; the lookup's (the first) sets the streak."""
-        for replay in replays:
-            scored = replay.settle(self._index.tokens)
+    def _sources(self) -> list[Source]:
+        """The sources fed every token: the lookup, the edits, the suffix index, a prediction."""
+        optional = [self._tracker, self.suffix, self.prediction]
+        return [self._lookup, *(source for source in optional if source is not None)]
+
+    def _new_edits(self) -> EditsSource | None:
+        return EditsSource(self._ends_line) if self._edits else None
+
+    def _settle(self) -> None:
+        """Keep the scores the latest token decided; the lookup's sets its streak."""
+        for replay in self._replays:
+            scored = replay.settle(self.context)
             if scored is None:
                 continue
             self._scores.append(scored)
-            if replay is replays[0]:
-                self._streak = ("hot" if scored.matched == scored.proposed
-                                else ("warm" if scored.matched else "cold"))
+            if replay.source is self._lookup:
+                self._lookup.scored(scored)
 
     def _new_replays(self, at: int) -> list[ShadowReplay]:
         """A replay per source, from position ``at``: the lookup, the edits, the suffix index,
         the predicted output."""
-        replays = [ShadowReplay(self.lookup, self.lookahead, at)]
-        if self.edits:
-            replays.append(ShadowReplay(self._edit_search, self.edit_lookahead, at))
+        ahead = self.lookaheads
+        replays = [ShadowReplay(self._lookup, ahead.lookup, at)]
+        if self._tracker is not None:
+            replays.append(ShadowReplay(self._tracker, ahead.edits, at))
         if self.suffix is not None:
-            replays.append(ShadowReplay(self.suffix_search, self.suffix_lookahead, at))
+            replays.append(ShadowReplay(self.suffix, ahead.suffix, at))
         if self.prediction is not None:
-            replays.append(ShadowReplay(self.prediction_search, self.edit_lookahead, at))
+            replays.append(ShadowReplay(self.prediction, ahead.edits, at))
         return replays

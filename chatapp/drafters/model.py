@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, Proposal
+from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, DraftHints, Proposal
 from chatapp.engine.kv import evaluate_sequence, rollback_to_prefix
 from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities, sample
 
@@ -30,7 +30,7 @@ class ModelDrafter:
     def name(self) -> str:
         return self.backend.name
 
-    def prefill(self, context: Sequence[int]) -> None:
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
         if self.deferred:
             rollback_to_prefix(self.backend, context)
         else:

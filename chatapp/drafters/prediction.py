@@ -13,14 +13,15 @@ exactly like every other source's and the policy learns how far to trust each: a
 make a reply faster, never different; a wrong one costs a few rejected drafts until the policy's
 shadow scores give it a budget of 0.
 
-``NgramDrafter.predict`` installs one for the next reply (the prompt's length is known at its
-``prefill``); the caller removes it after the reply. The prompt usually quotes the predicted text
-too (the code to edit), which the speculative edits already follow: where the two propose the same
-continuation (``agree``) it is one proposal, budgeted under whichever of the two kinds the policy
-trusts with more tokens (the prediction's kinds are the family ``PREDICTION_SOURCE``, whose
-acceptance a policy carries from one predicted reply to the next, while the edits' is relearnt
-every reply); where they differ, ``ahead_of_edits`` lets the prediction draft first only where its
-cursor is the more confident of the two.
+``NgramDrafter.prefill`` makes one for the reply whose hints carry a prediction
+(``DraftHints.predicted``); the next reply's ``prefill`` ends it. The prompt usually quotes the
+predicted text too (the code to edit), which the speculative edits already follow: where the two
+propose the same continuation (``chatapp.drafters.sources.agree``) it is one proposal, budgeted
+under whichever of the two kinds the policy trusts with more tokens (the prediction's kinds are the
+family ``PREDICTION_SOURCE``, whose acceptance a policy carries from one predicted reply to the
+next, while the edits' is relearnt every reply); where they differ,
+``chatapp.drafters.sources.ahead_of_edits`` lets the prediction draft first only where its cursor is
+the more confident of the two.
 """
 
 from __future__ import annotations
@@ -28,19 +29,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
+from chatapp.drafters.sources import Candidate
 from chatapp.engine.contracts import PREDICTION_SOURCE, source_family
-
-# How confident a cursor's proposal is, by its kind after the family ("run-long": a long run
-# since its last re-join); other kinds ("step": a guess after a divergence) rank 0.
-_CONFIDENCE = {"run-long": 3, "run": 2, "line": 1, "new": 1}
 
 
 class PredictionSource:
     """Proposals from ``tokens`` (the predicted reply) for a reply that starts at context position
-    ``reply_start``; see the module docstring."""
+    ``reply_start``; a ``Source`` whose next appended token is at context position ``at``. See
+    the module docstring."""
 
     def __init__(self, tokens: Sequence[int], reply_start: int,
-                 ends_line: Callable[[int], bool] | None = None) -> None:
+                 ends_line: Callable[[int], bool] | None = None, at: int = 0) -> None:
         self.tokens = list(tokens)
         self.reply_start = reply_start
         self._tracker = EditTracker(ends_line=ends_line)
@@ -48,47 +47,32 @@ class PredictionSource:
             self._tracker.append(token)
         self._tracker.start_reply()
         self._tracker.unfollow()  # where the prediction repeats itself says nothing of the reply
+        self._at = at  # the context position of the next token appended
         self._fed = 0  # reply tokens given to the tracker
 
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], str]:
-        """Up to ``k`` tokens continuing ``context`` (the prompt, then the reply so far) from the
-        prediction, and their kind; nothing before the reply starts."""
-        if len(context) < self.reply_start or not self.tokens:
-            return [], PREDICTION_SOURCE
-        self._sync(context)
-        tokens, kind = self._tracker.propose(k)
-        return tokens, PREDICTION_SOURCE + kind[len(EDIT_KIND):]
+    def restart(self) -> None:
+        """The context starts over (its tokens are appended again from position 0): the reply
+        tokens already given to the tracker are not given twice."""
+        self._at = 0
 
-    def _sync(self, context: Sequence[int]) -> None:
-        """Feed the tracker the reply tokens of ``context`` it has not seen."""
-        reply = len(context) - self.reply_start
-        tracker = self._tracker
-        for position in range(self.reply_start + self._fed, self.reply_start + reply):
-            token = context[position]
-            tracker.append(token)
-            if not tracker.following and token == self.tokens[0]:
-                tracker.follow_from(1)  # the reply has started writing the prediction
-        self._fed = max(self._fed, reply)
+    def append(self, token: int) -> None:
+        """The context grew by ``token``; a reply token not seen yet goes to the tracker."""
+        if self._at == self.reply_start + self._fed:
+            self._fed += 1
+            self._tracker.append(token)
+            if not self._tracker.following and token == self.tokens[0]:
+                self._tracker.follow_from(1)  # the reply has started writing the prediction
+        self._at += 1
+
+    def propose(self, context: Sequence[int], k: int) -> Candidate:
+        """Up to ``k`` tokens continuing ``context`` (the prompt, then the reply so far) from the
+        prediction; nothing before the reply starts."""
+        if len(context) < self.reply_start or not self.tokens:
+            return Candidate([], PREDICTION_SOURCE)
+        tokens, kind = self._tracker.propose(k)
+        return Candidate(tokens, PREDICTION_SOURCE + kind[len(EDIT_KIND):])
 
 
 def is_prediction_kind(kind: str) -> bool:
     """Whether a proposal of ``kind`` came from a prediction."""
     return source_family(kind) == PREDICTION_SOURCE
-
-
-def _confidence(kind: str) -> int:
-    return _CONFIDENCE.get(kind.partition("-")[2], 0)
-
-
-def agree(predicted: Sequence[int], edit: Sequence[int]) -> bool:
-    """Whether the prediction's proposal ``predicted`` and the speculative edits' ``edit`` are the
-    same continuation: neither is empty and one is a prefix of the other."""
-    n = min(len(predicted), len(edit))
-    return n > 0 and list(predicted[:n]) == list(edit[:n])
-
-
-def ahead_of_edits(predicted: str, edit: str) -> bool:
-    """Whether the prediction's proposal of kind ``predicted`` goes before the speculative edits'
-    of kind ``edit`` ("": they propose nothing): when they propose nothing, or the prediction's
-    cursor is the more confident; on a tie the edits, whose cursor follows the context itself."""
-    return not edit or _confidence(predicted) > _confidence(edit)

@@ -8,12 +8,17 @@ and carries the would-be outcomes of proposals a free drafter scored on the emit
 
 One step, as the engine drives it: the policy gives a ``DraftBudget`` (how many tokens each source
 may draft), the drafter proposes within it, the target verifies, and the engine reports the
-outcome to the policy (``chatapp.draft_policy.StepOutcome``). Drafters never call the policy.
+outcome to the policy (``StepOutcome``). Drafters never call the policy.
+
+What one reply tells the drafters travels as one value, ``DraftHints``, handed to
+``SpeculativeEngine.generate`` and by the engine to ``Drafter.prefill``: the hints hold for that
+reply only (the next reply's ``prefill`` brings its own), and no code above the engine calls a
+drafter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -156,14 +161,47 @@ def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> np.ndarray:
     return rows
 
 
+@dataclass(frozen=True)
+class DraftHints:
+    """What one reply tells the drafters, beyond its context.
+
+    ``predicted``: the tokens the reply is expected to be (an API client's predicted output;
+    empty: none), a source verified like every other. ``document``: the key of the history-wide
+    suffix index's document that the reply's context is (a saved chat's id, or a key of the
+    caller's own; None: a conversation not kept, the index's ``LIVE`` document), so the index
+    draws on every other document and files the reply's text under this one. ``renamed``: the
+    documents the caller saved under another key since its last reply (old key -> new key);
+    ``forgotten``: documents deleted since then, which the index may no longer draw from. A
+    drafter without the source a hint is for ignores it.
+    """
+
+    predicted: tuple[int, ...] = ()
+    document: Hashable | None = None
+    renamed: Mapping[Hashable, Hashable] = field(default_factory=dict)
+    forgotten: frozenset[Hashable] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "predicted", tuple(self.predicted))
+        object.__setattr__(self, "renamed", MappingProxyType(dict(self.renamed)))
+        object.__setattr__(self, "forgotten", frozenset(self.forgotten))
+
+
+NO_HINTS = DraftHints()
+
+
 class Drafter(Protocol):
     """Proposes tokens that follow ``context``, within a ``DraftBudget``."""
 
     @property
     def name(self) -> str: ...
 
-    def prefill(self, context: Sequence[int]) -> None:
-        """Bring any cache up to ``context`` ahead of the first proposal (may do nothing)."""
+    def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
+        """A reply starts: bring any cache up to ``context`` ahead of the first proposal (may do
+        nothing), and take the reply's ``hints``, which hold until the next ``prefill``.
+
+        ``context`` is the prompt less its last token (what the target's cache holds: the engine
+        feeds that token with the first step), so the reply's first token is at position
+        ``len(context) + 1`` of the contexts that ``propose`` is given."""
         ...
 
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,

@@ -4,7 +4,7 @@
 ``TokenEvent`` per emitted token, a ``StepEvent`` after every target forward, and a final
 ``DoneEvent``. Each step: ask the draft policy for a budget, let the drafter propose within it,
 evaluate the proposal with the target in one forward (logits for the K+1 positions only), accept or
-replace it with ``speculative.verify``, and tell the policy what happened (``StepOutcome``: the
+replace it with ``chatapp.engine.verify``, and tell the policy what happened (``StepOutcome``: the
 source that proposed, the counts, the times, and any would-be outcomes the drafter scored). A step
 with nothing drafted is plain target decoding through the same stream (source ``target``).
 
@@ -23,7 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.engine.contracts import DraftBudget, Drafter, DraftPolicy, Proposal, StepOutcome
+from chatapp.engine.contracts import (
+    NO_HINTS,
+    DraftBudget,
+    Drafter,
+    DraftHints,
+    DraftPolicy,
+    Proposal,
+    StepOutcome,
+)
 from chatapp.engine.events import (
     DoneEvent,
     Event,
@@ -128,8 +136,10 @@ class SpeculativeEngine:
         rng: np.random.Generator,
         policy: DraftPolicy | None = None,
         cancel: threading.Event | None = None,
+        hints: DraftHints = NO_HINTS,
     ) -> Iterator[Event]:
-        """Stream the reply to ``prompt`` (token ids, chat template already applied)."""
+        """Stream the reply to ``prompt`` (token ids, chat template already applied). ``hints``
+        go to the drafter's ``prefill`` and hold for this reply only."""
         policy = policy or _PlainDecoding()
         cancel = cancel or threading.Event()
         if len(prompt) + 1 > self.target.n_ctx:
@@ -137,7 +147,7 @@ class SpeculativeEngine:
                 f"The prompt is {len(prompt)} tokens but the context window holds "
                 f"{self.target.n_ctx}. Shorten the message or raise n_ctx (--n-ctx)."
             )
-        turn = _Turn(self, list(prompt), settings, rng, policy, cancel)
+        turn = _Turn(self, list(prompt), settings, rng, policy, cancel, hints)
         yield from turn.run()
 
 
@@ -152,7 +162,8 @@ class _Turn:
     its first token), so that reporting them costs no reading of its own."""
 
     def __init__(self, engine: SpeculativeEngine, tokens: list[int], settings: GenerationSettings,
-                 rng: np.random.Generator, policy: DraftPolicy, cancel: threading.Event) -> None:
+                 rng: np.random.Generator, policy: DraftPolicy, cancel: threading.Event,
+                 hints: DraftHints = NO_HINTS) -> None:
         self.target = engine.target
         self.drafter = engine.drafter
         self.tokens = tokens
@@ -160,6 +171,7 @@ class _Turn:
         self.rng = rng
         self.policy = policy
         self.cancel = cancel
+        self.hints = hints
         self.stats = StatsRecorder(prompt_tokens=len(tokens))
         self.text = TextStream()
         self.emitted = 0
@@ -221,7 +233,7 @@ class _Turn:
         started = self._clock()
         evaluate_sequence(self.target, self.tokens[:-1], 0)
         if self.drafter is not None:
-            self.drafter.prefill(self.tokens[:-1])
+            self.drafter.prefill(self.tokens[:-1], self.hints)
         self.stats.prompt_s = self._clock() - started
         return PromptEvent(len(self.tokens), self.stats.prompt_s)
 

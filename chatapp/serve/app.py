@@ -6,7 +6,7 @@
 
 Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
 (``chatapp.serve.errors``). A reply is an exchange of the conversation layer
-(``chatapp.chat.exchange``), run by the worker (``chatapp.serve.worker``) one at a time.
+(``chatapp.api.exchange``), run by the worker (``chatapp.serve.worker``) one at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from chatapp.chat.exchange import (
+from chatapp.api.exchange import (
     ChatExchange,
     ExchangeDone,
     ExchangeEvent,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from chatapp.chat.exchange import ChatExchange, SessionFactory, open_exchange
+from chatapp.api.exchange import ChatExchange, SessionFactory, open_exchange
 from chatapp.serve.app import ApiServer
 from chatapp.serve.guard import API_KEY_ENV, Guard, UnsafeAddress, bind_address, check_exposure
 from chatapp.serve.worker import EngineWorker

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from chatapp.chat.exchange import ExchangeResult
+from chatapp.api.exchange import ExchangeResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)

@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from chatapp.api.exchange import ExchangeResult
 from chatapp.chat.events import TokenSource, decode_tokens_per_s
-from chatapp.chat.exchange import ExchangeResult
 
 OWNER = "specchat"
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from chatapp.chat.exchange import ChatMessage, ExchangeRequest
+from chatapp.api.exchange import ChatMessage, ExchangeRequest
 from chatapp.serve.errors import UNSUPPORTED
 
 MAX_STOPS = 4

@@ -101,7 +101,7 @@ class Config:
 
     def measured_setup(self) -> list[str]:
         """The settings that change what the auto policy measures (costs, acceptance): the key of
-        its memory (``chatapp.policy.memory``). A local run on the default layout setting has
+        its memory (``chatapp.policy.measurements``). A local run on the default layout setting has
         the key it had before layouts and RPC existed."""
         setup = [self.backend, self.draft_backend_name, self.draft, self.target, self.drafter,
                  str(self.threads), str(self.gpu_layers), self.device, self.dtype]

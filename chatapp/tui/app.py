@@ -7,7 +7,7 @@ itself: the saved chats are the conversation's ``chats``. The chat view (``chat_
 owns the messages, the message box and the reply streaming; the app calls it and hears from it
 through messages (``ChatView.Changed``; the loader's ``LoadProgress``, ``SessionLoaded``,
 ``LoadFailed``). The session comes from ``session_factory(config, progress)`` (by default
-``chatapp.chat.loader.build_session_over_history``) in a worker thread; tests pass fake ones.
+``chatapp.assembly.loader.build_session_over_history``) in a worker thread; tests pass fake ones.
 
 Every way out (ctrl+q, the terminal closed, the system asking, a crash) stops and saves a
 streaming reply (stopped) and closes the models and the history.
@@ -25,9 +25,9 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, TextArea
 
+from chatapp.assembly.loader import LoadProgress as ProgressCallback
+from chatapp.assembly.loader import build_session_over_history
 from chatapp.chat.conversation import Conversation
-from chatapp.chat.loader import LoadProgress as ProgressCallback
-from chatapp.chat.loader import build_session_over_history
 from chatapp.chat.session import ChatSession
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
@@ -231,10 +231,12 @@ class SpecChatApp(App[int]):
     # -- keys -----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Esc stops something only while there is something to stop (a reply, a replay, a
+        queued message, an edit): else the footer does not offer it."""
         if action == "stop":
             view = self._view
             waiting = view is not None and (view.pending is not None or view.editing is not None)
-            return True if self.chat.busy or waiting else None
+            return self.chat.busy or waiting
         return True
 
     def action_stop(self) -> None:

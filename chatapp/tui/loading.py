@@ -17,7 +17,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
-from chatapp.chat.loader import LoadProgress as ProgressCallback
+from chatapp.assembly.loader import LoadProgress as ProgressCallback
 from chatapp.chat.session import ChatSession
 from chatapp.settings.config import Config
 from chatapp.tui.errors import describe_error

@@ -9,6 +9,7 @@ from rich.style import Style
 from rich.text import Text
 
 from chatapp.chat.events import ReplayStats, TurnStats, decode_tokens_per_s, is_target_only
+from chatapp.chat.reply_values import finish_text
 from chatapp.settings.config import rpc_label
 
 BAR_WIDTH = 14
@@ -73,7 +74,7 @@ class _Panel:
     def header(self, info: TurnInfo) -> None:
         text, muted = self.text, self.style["muted"]
         text.append(info.title, self.style["heading"])
-        state = "streaming…" if info.live else _ending(info.finish_reason)
+        state = "streaming…" if info.live else finish_text(info.finish_reason)
         if state:
             text.append(f" · {state}", muted)
         text.append("\n")
@@ -135,7 +136,3 @@ class _Panel:
             self.text.append("Speedup: send a turn at K 0 (ctrl+down) to measure the target "
                              "alone, or replay this reply at K 0 (F8).\n", self.style["muted"])
 
-
-def _ending(finish_reason: str | None) -> str:
-    return {"stop": "done", "length": "cut at max tokens", "cancelled": "stopped",
-            "error": "failed"}.get(finish_reason or "", "")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.backends.memory import (
+from chatapp.backends.memory_estimate import (
     InsufficientMemoryError,
     available_memory,
     check_fits,

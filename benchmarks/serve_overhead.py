@@ -1,7 +1,7 @@
 """What the API costs: the same bench prompts through `specchat run --json` and through a streamed
 request to `specchat serve`, with the same settings, side by side:
 
-    python -m chatapp.bench.serve_overhead [--prompts 4] [--max-tokens 128] [--repeats 3]
+    python -m benchmarks.serve_overhead [--prompts 4] [--max-tokens 128] [--repeats 3]
         [--run-args "MODEL OPTIONS"] [--json PATH]
 
 ``--run-args`` (e.g. ``"-k 4 --drafter ngram"``) go to both commands, after the settings both get:
@@ -197,7 +197,7 @@ def measure(prompts: Sequence[BenchPrompt], max_tokens: int, repeats: int,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatapp.bench.serve_overhead",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_overhead",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", default="4",
                         help="a count (the first N bench prompts), or ids or categories")

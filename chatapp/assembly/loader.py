@@ -13,14 +13,15 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from chatapp.assembly.layout_costs import layout_costs, measure_layouts, needs_measuring
 from chatapp.backends.base import Backend
 from chatapp.backends.catalog import CATALOG, resolve_model
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
-from chatapp.backends.memory import check_fits
+from chatapp.backends.memory_estimate import check_fits
 from chatapp.chat.attachments import message_text
 from chatapp.chat.history import HistoryError, HistoryStore, StoredMessage
-from chatapp.chat.layout_costs import layout_costs, measure_layouts, needs_measuring
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.reply_settings import generation_settings, policy_setting
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.edits import line_end_test
@@ -30,11 +31,9 @@ from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine import calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
-from chatapp.engine.loop import GenerationSettings, SpeculativeEngine, check_compatible
-from chatapp.engine.sampling import SamplingParams
+from chatapp.engine.loop import SpeculativeEngine, check_compatible
 from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.fixed import FixedDraftLength
-from chatapp.policy.memory import memory_path, recall_calibration, remember_calibration
+from chatapp.policy.measurements import memory_path, recall_calibration, remember_calibration
 from chatapp.settings.config import Config
 
 LoadProgress = Callable[[str, float | None], None]
@@ -72,7 +71,7 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
 
 def layout_plan(model: str, role: str, config: Config) -> LayoutPlan:
     """The weight layout ``model`` (an alias or a path) runs in as ``role`` on llama.cpp here,
-    with what was measured of its layouts on this machine (``chatapp.chat.layout_costs``)."""
+    with what was measured of its layouts on this machine (``chatapp.assembly.layout_costs``)."""
     from chatapp.backends.llama_runtime import amx_in_use
 
     spec = CATALOG.get(model)
@@ -149,19 +148,9 @@ def make_drafter(config: Config, target: Backend, progress: LoadProgress = _quie
 
 
 def make_policy(config: Config, costs: calibration.Calibration | None = None) -> DraftPolicy:
-    """A fixed K, or for draft_length "auto" an ``AutoDraftLength`` (it learns each source of the
-    drafter from what the engine reports), calibrated with ``costs`` if given."""
-    if config.fixed_draft_length is not None:
-        return FixedDraftLength(config.fixed_draft_length)
-    policy = AutoDraftLength()
-    if costs is not None:
-        policy.calibrate(costs)
-    return policy
-
-
-def generation_settings(config: Config) -> GenerationSettings:
-    sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
-    return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
+    """A fresh policy as ``config`` says: a fixed K, or for draft_length "auto" an
+    ``AutoDraftLength`` (``PolicySetting.policy``), calibrated with ``costs`` if given."""
+    return policy_setting(config).policy(costs)
 
 
 def load_draft(config: Config, target: Backend, progress: LoadProgress = _quiet
@@ -210,19 +199,16 @@ def ensure_calibration(config: Config, target: Backend, draft: Backend | None,
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,
-                  history: HistoryStore | None = None, keep_index: bool = False) -> ChatSession:
+                  history: HistoryStore | None = None) -> ChatSession:
     """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
-    With ``history`` the default drafter's suffix index covers its chats: the session's
-    ``history_index`` (``load_history_index``), which the conversation keeps told of the open
-    chat and of deleted ones. ``keep_index``: without a history too, the session holds the
-    default drafter's suffix index (empty at first: the API server's index of what it served)."""
+    With ``history`` the default drafter's suffix index covers its chats
+    (``load_history_index``); each reply's hints say which of them it continues and which were
+    deleted (``DraftHints``)."""
     target = load_backend(config.target, "target", config, progress)
-    index: SuffixSource | None = None
+    free_sources = with_draft and config.drafter in ("ngram", "ngram+model")
     try:
-        if with_draft and config.drafter in ("ngram", "ngram+model") and (
-                history is not None or keep_index):
-            index = load_history_index(history, target, config) if history is not None else (
-                SuffixSource(HistoryCorpus()))
+        index = load_history_index(history, target, config) if (
+            free_sources and history is not None) else None
         draft = load_draft(config, target, progress) if with_draft else None
         try:
             drafter = make_drafter(config, target, progress, draft, history_index=index) if (
@@ -238,7 +224,7 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
         raise
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
-                       config.system_prompt, runtime_notes(config), index)
+                       config.system_prompt, runtime_notes(config), takes_prediction=free_sources)
 
 
 def build_session_over_history(config: Config, progress: LoadProgress = _quiet,

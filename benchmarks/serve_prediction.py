@@ -3,7 +3,7 @@
 ``prediction`` (as editors send it) and to a third started with ``-k 0`` (target-only), for the
 ratio with / without and the speed-ups over target-only:
 
-    python -m chatapp.bench.serve_prediction [--rounds 3] [--prompts code-edit]
+    python -m benchmarks.serve_prediction [--rounds 3] [--prompts code-edit]
         [--max-tokens 128] [--server-args "MODEL OPTIONS"] [--wrong]
 
 Separate servers, because each keeps an in-memory suffix index over what it served: with one
@@ -197,7 +197,7 @@ def print_table(prompts: Sequence[BenchPrompt], results: Sequence[PromptResult],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatapp.bench.serve_prediction",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_prediction",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds over fresh servers (the median speed is shown)")

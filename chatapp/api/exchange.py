@@ -2,14 +2,16 @@
 out, on the same session, engine and drafter as the chat app.
 
 Unlike a ``Conversation`` it keeps no chat: each request brings the whole conversation, with its
-own sampling settings, stop sequences and, optionally, a predicted output. Its prompt is the
-request's messages through the target's chat template (the configured system prompt first when the
-request has none), never trimmed: a prompt that leaves no room for a reply raises
-``PromptTooLongError``. The predicted output becomes a source of the default drafter for that
-reply only (``chatapp.drafters.prediction``), verified like every other; the reply's text goes
-into the drafter's suffix index under a key of its own (``chatapp.chat.served``), and into the
-history only with ``save``. One draft policy lives across exchanges and starts from what the last
-run on this machine and pair measured, as the app's does.
+own sampling settings, stop sequences and, optionally, a predicted output. Its reply goes through
+the one pipeline, ``ChatSession.reply``, with the API's prompt rules (``REFUSE_TOO_LONG``: the
+request's messages, the configured system prompt first when the request has none, never trimmed:
+a prompt that leaves no room for a reply raises ``PromptTooLongError``). The predicted output
+travels in the reply's hints (``DraftHints.predicted``) and becomes a source of the default
+drafter for that reply only (``chatapp.drafters.prediction``), verified like every other; the
+reply's text goes into the drafter's suffix index under a key of its own
+(``chatapp.api.served``), and into the history only with ``save``. One draft length handle
+(``DraftLength``) lives across exchanges and starts from what the last run on this machine and
+pair measured, as the app's does.
 
 ``ChatExchange.run`` is for the one worker thread that runs the models; it yields an
 ``ExchangeStarted`` once the prompt is planned (before any token: a refusal comes first), the
@@ -23,38 +25,24 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from chatapp.backends.chat_template import ChatMessage
+from chatapp.api.served import ServedChats
+from chatapp.api.stops import Piece, StopScanner
+from chatapp.assembly.loader import LoadProgress, build_session
 from chatapp.chat.history import HistoryStore
-from chatapp.chat.loader import LoadProgress, build_session, make_policy
-from chatapp.chat.served import ServedChats
-from chatapp.chat.session import MIN_REPLY_ROOM, ChatSession, fallback_template_note
-from chatapp.chat.stops import Piece, StopScanner
-from chatapp.drafters.combined import predicting_drafter
+from chatapp.chat.message import ChatMessage
+from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
+from chatapp.chat.reply_settings import policy_setting
+from chatapp.chat.reply_values import DraftLengthUse, Ending
+from chatapp.chat.session import ChatSession, ReplyOverrides
 from chatapp.engine.contracts import source_family
-from chatapp.engine.events import DoneEvent, FinishReason, StepEvent, TokenEvent
-from chatapp.engine.loop import GenerationSettings
-from chatapp.engine.sampling import SamplingParams
+from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats
-from chatapp.errors import UserFacingError
-from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.memory import memory_path, recall, remember
+from chatapp.policy.draft_length import DraftLength
 from chatapp.settings.config import Config
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
-
-
-class PromptTooLongError(UserFacingError):
-    """The request's messages leave no room for a reply in the context window."""
-
-    def __init__(self, prompt_tokens: int, n_ctx: int, room: int) -> None:
-        super().__init__(
-            f"The messages are {prompt_tokens} tokens with the chat template, and the context "
-            f"window holds {n_ctx} with at least {room} kept for the reply. Send fewer or "
-            "shorter messages, or start the server with a larger --n-ctx.")
-        self.prompt_tokens = prompt_tokens
-        self.n_ctx = n_ctx
+__all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
+           "PromptTooLongError", "ReplyDelta", "SourceCounts", "open_exchange"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +57,11 @@ class ExchangeRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     prediction: str | None = None
+
+    @property
+    def overrides(self) -> ReplyOverrides:
+        return ReplyOverrides(self.temperature, self.top_p, self.top_k, self.max_tokens,
+                              self.seed)
 
 
 @dataclass(frozen=True)
@@ -101,16 +94,17 @@ class SourceCounts:
 
 @dataclass(frozen=True)
 class ExchangeResult:
-    """The reply and its figures. ``finish_reason``: "stop" (the model's end or a stop
-    sequence), "length" or "cancelled"; ``stats``: the engine's; ``sources``: drafting per
-    source family; ``prediction_tokens``: the predicted output's length in tokens (None: no
-    prediction), of which ``accepted_prediction`` appear in the reply (in order) and
-    ``rejected_prediction`` do not; ``prediction_used``: the drafter took it as a source (the
-    default drafter does; the draft model alone does not)."""
+    """The reply and its figures. ``finish_reason``: ``STOP`` (the model's end or a stop
+    sequence), ``LENGTH`` or ``CANCELLED``; ``k``: the draft length it used; ``stats``: the
+    engine's; ``sources``: drafting per source family; ``prediction_tokens``: the predicted
+    output's length in tokens (None: no prediction), of which ``accepted_prediction`` appear in
+    the reply (in order) and ``rejected_prediction`` do not; ``prediction_used``: the drafter
+    took it as a source (the default drafter does; the draft model alone does not)."""
 
     text: str
-    finish_reason: str
+    finish_reason: Ending
     stats: TurnStats
+    k: DraftLengthUse
     sources: dict[str, SourceCounts] = field(default_factory=dict)
     prediction_tokens: int | None = None
     accepted_prediction: int = 0
@@ -139,60 +133,32 @@ class ChatExchange:
                  history: HistoryStore | None = None) -> None:
         self.session = session
         self.config = config
-        self.policy = make_policy(config)
-        self._memory = memory_path(config.measured_setup())
-        if isinstance(self.policy, AutoDraftLength):
-            recall(self.policy, self._memory)
-        self.served = ServedChats(session.history_index, history, config.draft, config.target)
-        self._told_fallback = False
+        self.policy = DraftLength(policy_setting(config))
+        self.policy.models_loaded(policy_setting(config))
+        self.served = ServedChats(history, config.draft, config.target)
 
     @property
     def n_ctx(self) -> int:
-        return self.session.engine.target.n_ctx
+        return self.session.n_ctx
 
     def close(self) -> None:
         """Keep what the policy learnt, close the history and free the models."""
-        self._remember()
+        self.policy.remember(policy_setting(self.config))
         self.served.close()
         self.session.close()
-
-    def prompt(self, request: ExchangeRequest) -> list[int]:
-        """The prompt tokens of ``request``; ``PromptTooLongError`` when no reply fits."""
-        messages = list(request.messages)
-        system = self.session.system_prompt
-        if system and not any(m.role == "system" for m in messages):
-            messages.insert(0, ChatMessage("system", system))
-        target = self.session.engine.target
-        tokens = target.chat_prompt(messages)
-        room = min(self.settings(request).max_tokens, MIN_REPLY_ROOM)
-        if len(tokens) + room > target.n_ctx:
-            raise PromptTooLongError(len(tokens), target.n_ctx, room)
-        return tokens
-
-    def settings(self, request: ExchangeRequest) -> GenerationSettings:
-        base = self.session.settings
-        sampling = SamplingParams(
-            base.sampling.temperature if request.temperature is None else request.temperature,
-            base.sampling.top_k if request.top_k is None else request.top_k,
-            base.sampling.top_p if request.top_p is None else request.top_p)
-        return GenerationSettings(sampling, request.max_tokens or base.max_tokens)
 
     def run(self, request: ExchangeRequest, cancel: threading.Event) -> Iterator[ExchangeEvent]:
         """(Worker thread.) The exchange's events; setting ``cancel`` ends the reply after the
         step under way (finish reason "cancelled")."""
-        tokens = self.prompt(request)
-        yield ExchangeStarted(len(tokens), self._template_note())
-        drafter = predicting_drafter(self.session.engine.drafter)
-        predicted = self.session.engine.target.tokenize(request.prediction) if (
-            request.prediction) else None
-        chat = self.served.begin(request.messages)
-        if drafter is not None:
-            drafter.predict(predicted)
-        reply = _Reply(StopScanner(request.stop))
-        rng = np.random.default_rng(request.seed) if request.seed is not None else (
-            self.session.rng)
-        events = self.session.engine.generate(tokens, self.settings(request), rng, self.policy,
-                                              cancel)
+        predicted = self.session.tokenize(request.prediction) if request.prediction else None
+        chat, hints = self.served.hints(request.messages, predicted or ())
+        plan, events = self.session.reply(request.messages, self.policy, rules=REFUSE_TOO_LONG,
+                                          overrides=request.overrides, hints=hints,
+                                          cancel=cancel)
+        self.served.begin(hints)
+        yield ExchangeStarted(len(plan.tokens), plan.note)
+        reply = _Reply(StopScanner(request.stop),
+                       DraftLengthUse(self.policy.adaptive, self.policy.current_k()))
         try:
             for event in events:
                 delta = reply.take(event, cancel)
@@ -200,44 +166,33 @@ class ChatExchange:
                     yield delta
         finally:
             events.close()
-            if drafter is not None:
-                drafter.predict(None)
         held = reply.stops.flush()
         if held:
             reply.pieces.extend(held)
             yield ReplyDelta(tuple(held))
-        result = reply.result(predicted, drafter is not None)
+        result = reply.result(predicted, self.session.takes_prediction)
         self._keep(request, chat, reply, result)
         yield ExchangeDone(result)
 
     def _keep(self, request: ExchangeRequest, chat: int | None, reply: "_Reply",
               result: ExchangeResult) -> None:
         """Save the exchange (with a history) and what the policy learnt."""
-        meta = {"k": self.config.draft_length, "draft": self.config.draft,
+        meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
         self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
                          result.finish_reason, meta)
-        if result.finish_reason != "cancelled":
-            self._remember()
-
-    def _remember(self) -> None:
-        if isinstance(self.policy, AutoDraftLength):
-            remember(self.policy, self._memory)
-
-    def _template_note(self) -> str:
-        target = self.session.engine.target
-        if not target.uses_fallback_template or self._told_fallback:
-            return ""
-        self._told_fallback = True
-        return fallback_template_note(self.session.engine.target_name)
+        if result.finish_reason is not Ending.CANCELLED:
+            self.policy.remember(policy_setting(self.config))
 
 
 class _Reply:
     """What one exchange's engine events made so far: the pieces shown, the token ids, the
     drafting per source family, and how it ended."""
 
-    def __init__(self, stops: StopScanner) -> None:
+    def __init__(self, stops: StopScanner, k: DraftLengthUse) -> None:
         self.stops = stops
+        self.k = k
+        self.ks: list[int] = []  # each step's K
         self.pieces: list[Piece] = []
         self.ids: list[int] = []
         self.sources: dict[str, SourceCounts] = {}
@@ -254,7 +209,10 @@ class _Reply:
             if shown:
                 self.pieces.extend(shown)
                 return ReplyDelta(tuple(shown))
-        elif isinstance(event, StepEvent) and event.drafted:
+        elif isinstance(event, StepEvent):
+            self.ks.append(event.k)
+            if not event.drafted:
+                return None
             counts = self.sources.setdefault(source_family(event.source), SourceCounts())
             counts.steps += 1
             counts.drafted += event.drafted
@@ -266,13 +224,14 @@ class _Reply:
     def result(self, predicted: list[int] | None, prediction_used: bool) -> ExchangeResult:
         done = self.done
         stats = done.stats if done is not None else TurnStats()
-        reason = "stop" if self.stops.matched else (
-            done.finish_reason.value if done is not None else FinishReason.CANCELLED.value)
+        reason = Ending.STOP if self.stops.matched else (
+            Ending.of(done.finish_reason) if done is not None else Ending.CANCELLED)
         text = "".join(text for text, _ in self.pieces)
+        k = DraftLengthUse.of_steps(self.k.adaptive, self.k.start, self.ks)
         if predicted is None:
-            return ExchangeResult(text, reason, stats, self.sources)
+            return ExchangeResult(text, reason, stats, k, self.sources)
         accepted = prediction_overlap(predicted, self.ids)
-        return ExchangeResult(text, reason, stats, self.sources, len(predicted), accepted,
+        return ExchangeResult(text, reason, stats, k, self.sources, len(predicted), accepted,
                               len(predicted) - accepted, prediction_used)
 
 
@@ -287,7 +246,7 @@ def open_exchange(config: Config, progress: LoadProgress, save: bool = False,
             session = factory(config, progress)
         else:
             session = build_session(config, progress, with_draft=config.draft_length != "0",
-                                     history=history, keep_index=True)
+                                     history=history)
     except BaseException:
         if history is not None:
             history.close()

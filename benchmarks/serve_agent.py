@@ -4,12 +4,12 @@ target-only, request by request:
 
     specchat serve --port 8001 --n-ctx 8192 [MODEL OPTIONS]
     specchat serve --port 8002 --n-ctx 8192 -k 0 [MODEL OPTIONS]
-    python -m chatapp.bench.serve_agent http://127.0.0.1:8001/v1 http://127.0.0.1:8002/v1
+    python -m benchmarks.serve_agent http://127.0.0.1:8001/v1 http://127.0.0.1:8002/v1
         [--turns 20] [--last 10] [--max-tokens 128] [--session PATH] [--json PATH]
 
 Start both servers fresh for each run: the default one's index must hold this session only.
 
-The session (chatapp/data/agent_session.json) is a list of user turns around one small module:
+The session (benchmarks/data/agent_session.json) is a list of user turns around one small module:
 write it, write its tests, fix what the scripted test runs report, add features. A turn may quote
 the last code block of an earlier reply (``code_from``), as an agent re-sends a file it read
 back. Each request re-sends the whole conversation so far, the earlier replies as assistant
@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from chatapp.bench.api_client import Message, guarded, post_completion, request_body
 from chatapp.bench.report import geometric_mean
 
-SESSION_PATH = Path(__file__).resolve().parent.parent / "data" / "agent_session.json"
+SESSION_PATH = Path(__file__).resolve().parent / "data" / "agent_session.json"
 SPEEDUP_TARGET = 1.3  # the last requests' speed with the index, over target-only
 _CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -197,7 +197,7 @@ def print_summary(result: dict[str, Any], out: TextIO) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatapp.bench.serve_agent",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve_agent",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("default_url", help="the server with the default drafter")
     parser.add_argument("plain_url", help="the server started with -k 0 (target-only)")
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=10, help="the requests the summary covers")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--session", type=Path, default=SESSION_PATH, help="another session, "
-                        "same JSON layout as chatapp/data/agent_session.json")
+                        "same JSON layout as benchmarks/data/agent_session.json")
     parser.add_argument("--api-key", help="the servers' key, if they have one")
     parser.add_argument("--json", dest="json_path", type=Path, help="also write results here")
     args = parser.parse_args(argv)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from chatapp.assembly.layout_costs import layout_costs
+from chatapp.assembly.loader import layout_plan
 from chatapp.backends.catalog import (
     CATALOG,
     ModelSpec,
@@ -12,8 +14,6 @@ from chatapp.backends.catalog import (
     missing_parts,
 )
 from chatapp.backends.layouts import describe_costs, prepared_path, prepared_sha256
-from chatapp.chat.layout_costs import layout_costs
-from chatapp.chat.loader import layout_plan
 from chatapp.settings.config import Config
 
 

@@ -1,11 +1,13 @@
 """What the API server served, kept: its chats in the history (``--save`` only) and its keys in
 the default drafter's suffix index.
 
-``ServedChats`` decides under which key of the suffix index (``SuffixSource``) each exchange's
-text goes: a key of its own per exchange, so the index keeps what was served (an agent re-sends
-its conversation and repeats itself) within its capacity, in memory only. With a history
+``ServedChats`` decides under which key of the suffix index each exchange's text goes (the
+reply's ``DraftHints.document``): a key of its own per exchange, so the index keeps what was
+served (an agent re-sends its conversation and repeats itself) within its capacity, in memory
+only. With a history
 (``--save``) each exchange is also written as a chat, and its text is indexed under that chat's
-id, as the chat app's are, so that the next start indexes it again from the history. An exchange
+id (``DraftHints.renamed``, with the next exchange), as the chat app's are, so that the next
+start indexes it again from the history. An exchange
 whose messages are an earlier saved exchange's plus its reply and a new message (an agent's next
 request) continues that chat instead of starting another.
 
@@ -17,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.history import HistoryStore
+from chatapp.chat.message import ChatMessage
 from chatapp.chat.terminal_text import printable_line
-from chatapp.drafters.suffix import SuffixSource
-from chatapp.drafters.suffix_index import ChatKey
+from chatapp.engine.contracts import DraftHints
 from chatapp.engine.events import TokenSource
 from chatapp.engine.stats import TurnStats
 
@@ -40,27 +41,32 @@ def conversation_key(messages: Sequence[ChatMessage]) -> str:
 
 
 class ServedChats:
-    """See the module docstring. ``index``: the default drafter's suffix index (None: the
-    drafter has none); ``history``: the store to save to (None: nothing is saved)."""
+    """See the module docstring. ``history``: the store to save to (None: nothing is saved)."""
 
-    def __init__(self, index: SuffixSource | None, history: HistoryStore | None = None,
-                 draft: str = "", target: str = "") -> None:
-        self.index = index
+    def __init__(self, history: HistoryStore | None = None, draft: str = "",
+                 target: str = "") -> None:
         self.history = history
         self.draft = draft
         self.target = target
         self._served = 0
         self._chats: OrderedDict[str, int] = OrderedDict()  # conversation digest -> chat id
+        self._key: Hashable | None = None  # the index key of the latest exchange
+        self._renamed: dict[Hashable, Hashable] = {}  # saved since the last exchange: key -> chat
 
-    def begin(self, messages: Sequence[ChatMessage]) -> int | None:
-        """An exchange of ``messages`` starts: its text goes under its key in the index from
-        now on. Returns the saved chat it continues, if any."""
+    def hints(self, messages: Sequence[ChatMessage], predicted: Sequence[int] = (),
+              ) -> tuple[int | None, DraftHints]:
+        """The saved chat an exchange of ``messages`` would continue, if any, and its reply's
+        hints (its text under a key of its own in the index, with the ``predicted`` output's
+        tokens); ``begin`` makes them the exchange's once its prompt is accepted."""
         chat = self._chats.get(conversation_key(messages[:-1])) if messages else None
+        key: Hashable = chat if chat is not None else (SERVED, self._served + 1)
+        return chat, DraftHints(tuple(predicted), key, self._renamed)
+
+    def begin(self, hints: DraftHints) -> None:
+        """The exchange of ``hints`` (from ``hints``) starts: its text goes under their key."""
         self._served += 1
-        key: ChatKey = chat if chat is not None else (SERVED, self._served)
-        if self.index is not None:
-            self.index.open_chat(key)
-        return chat
+        self._key = hints.document  # type: ignore[assignment]
+        self._renamed = {}
 
     def save(self, messages: Sequence[ChatMessage], chat: int | None, reply: str,
              pieces: Sequence[tuple[str, TokenSource]], stats: TurnStats, finish_reason: str,
@@ -80,8 +86,8 @@ class ServedChats:
             self.history.add_message(chat, message.role, message.content)
         self.history.add_message(chat, "assistant", reply, runs=list(pieces),
                                  finish_reason=finish_reason, stats=stats, meta=meta)
-        if self.index is not None:
-            self.index.save_as(chat)
+        if self._key is not None and self._key != chat:
+            self._renamed[self._key] = chat
         key = conversation_key([*messages, ChatMessage("assistant", reply)])
         self._chats[key] = chat
         self._chats.move_to_end(key)

@@ -1,7 +1,7 @@
 """Replay the model-free drafter over the target's greedy replies of a bench run: tokens per
 target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
 
-    python -m chatapp.bench.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
+    python -m benchmarks.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
         [--costs MS,MS,...]
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
@@ -27,16 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
+from chatapp.assembly.loader import load_backend
 from chatapp.backends.base import Backend
-from chatapp.backends.chat_template import ChatMessage
 from chatapp.bench import load_prompts
-from chatapp.chat.loader import load_backend
+from chatapp.chat.message import ChatMessage
 from chatapp.drafters.edits import line_end_test
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.drafters.suffix_index import HistoryCorpus
 from chatapp.engine.calibration import Calibration
-from chatapp.engine.contracts import DraftBudget, Proposal, StepOutcome
+from chatapp.engine.contracts import NO_HINTS, DraftBudget, Proposal, StepOutcome
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.settings.config import Config
@@ -53,7 +53,7 @@ def replay(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[int], k
     an oracle cuts each proposal where it pays best: to the n <= matched + 1 with the most tokens
     per second, the ceiling of any policy choosing K for this drafter."""
     context = list(prompt)
-    drafter.prefill(context[:-1])
+    drafter.prefill(context[:-1], NO_HINTS)
     at, steps = 0, []
     while at < len(reply):
         budget = DraftBudget.uniform(min(k, len(reply) - at - 1))

@@ -1,4 +1,4 @@
-"""`python -m chatapp.bench.gpu_profile`: the transformers backend measured on a GPU (or, to test
+"""`python -m benchmarks.gpu_profile`: the transformers backend measured on a GPU (or, to test
 the command, on the CPU) with random-weight Qwen2.5-shaped models; no model file, no network.
 
 - ``SHAPES``: the real Qwen2.5 0.5B, 1.5B and 7B hyperparameters, and ``tiny`` for tests. Weights
@@ -299,7 +299,7 @@ def meta(options: argparse.Namespace, device: torch.device, argv: Sequence[str])
         "transformers": transformers.__version__,
         "dtype": "bfloat16" if device.type == "cuda" else "float32",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "-m", "chatapp.bench.gpu_profile", *argv]),
+        "command": shlex.join(["python", "-m", "benchmarks.gpu_profile", *argv]),
         **{key: getattr(options, key) for key in ("context", "max_n", "k", "accept", "tokens",
                                                   "repeats", "seed", "categories")}}
 
@@ -340,7 +340,7 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m chatapp.bench.gpu_profile",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_profile",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--sizes", default="0.5b,1.5b,7b", help=f"of {', '.join(SHAPES)}")

@@ -1,0 +1,153 @@
+"""The prompt of a reply: its messages through the target's chat template, and what is done when
+they and the room kept for the reply outgrow the context window.
+
+What differs between a chat and an API request is a ``PromptRules`` value handed to
+``ChatSession.reply``, never a second reply path:
+
+- ``TRIM_OLDEST`` (the chat app, ``specchat run``): the configured system prompt replaces the
+  messages' own and comes first; when the prompt and the reply's room outgrow the window, the
+  oldest turns leave (never the system prompt, never the newest user message) and
+  ``PromptPlan.dropped_messages`` says how many, so the front end shows the marker
+  (``chatapp.chat.context.view_start_note``); ``ContextOverflowError`` when even the newest
+  message alone does not fit.
+- ``REFUSE_TOO_LONG`` (the API): the request's messages as sent, the configured system prompt
+  first only when they have none; never trimmed: ``PromptTooLongError`` (the server's
+  ``context_length_exceeded``) when no reply fits.
+
+The room kept for the reply is one rule for both (``reply_room``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from chatapp.chat.message import ChatMessage
+from chatapp.engine.loop import ContextOverflowError
+from chatapp.errors import UserFacingError
+
+# The room kept for a reply is at least this many tokens (unless its max_tokens is smaller).
+MIN_REPLY_ROOM = 64
+
+Render = Callable[[Sequence[ChatMessage]], list[int]]  # messages -> prompt tokens (the template)
+
+
+def reply_room(max_tokens: int, n_ctx: int) -> int:
+    """The tokens of an ``n_ctx`` window kept free for a reply of at most ``max_tokens`` when its
+    prompt is planned: ``max_tokens``, but no more than a quarter of the window, and no less
+    than ``MIN_REPLY_ROOM`` unless ``max_tokens`` is less. The reply itself may still run on to
+    ``max_tokens`` or the end of the window, whichever comes first."""
+    return min(max_tokens, max(MIN_REPLY_ROOM, n_ctx // 4))
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """A reply's prompt: its ``tokens``, the ``dropped_messages`` oldest messages left out,
+    whether the target had no usable chat template (``fallback_template``: ChatML was used), and
+    ``note``: what to tell the user about it once, else ""."""
+
+    tokens: list[int]
+    dropped_messages: int = 0
+    fallback_template: bool = False
+    note: str = ""
+
+
+class PromptTooLongError(UserFacingError):
+    """The request's messages leave no room for a reply in the context window."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, room: int) -> None:
+        super().__init__(
+            f"The messages are {prompt_tokens} tokens with the chat template, and the context "
+            f"window holds {n_ctx} with at least {room} kept for the reply. Send fewer or "
+            "shorter messages, or start the server with a larger --n-ctx.")
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class PromptRules(Protocol):
+    """How a reply's messages become its prompt (see the module docstring)."""
+
+    def plan(self, render: Render, system_prompt: str, messages: Sequence[ChatMessage],
+             n_ctx: int, room: int) -> PromptPlan:
+        """The prompt of ``messages`` with ``system_prompt`` (may be ""), through ``render``, so
+        that it and ``room`` tokens fit ``n_ctx``; raises when they cannot."""
+        ...
+
+
+class TrimOldest:
+    """The chat's rules: see the module docstring."""
+
+    @staticmethod
+    def with_system(system_prompt: str, history: Sequence[ChatMessage]) -> list[ChatMessage]:
+        """``history``'s messages but its system messages, after the system prompt if any."""
+        system = [ChatMessage("system", system_prompt)] if system_prompt else []
+        return system + [m for m in history if m.role != "system"]
+
+    def fit(self, render: Render, system_prompt: str, messages: Sequence[ChatMessage],
+            prompt_room: int) -> PromptPlan | None:
+        """The prompt with the fewest oldest messages left out so that it holds at most
+        ``prompt_room`` tokens; None when even the newest message alone does not fit. The
+        prompt starts at a user message (whole turns leave), at the first message, or at the
+        newest alone.
+
+        Assumes that leaving more out never makes the prompt longer (true of chat templates),
+        so the start is found by bisection: a few renderings, however long the chat."""
+        history = [m for m in messages if m.role != "system"]
+        if not history:
+            return None
+        starts = [i for i, m in enumerate(history) if i == 0 or m.role == "user"]
+        starts += [] if starts[-1] == len(history) - 1 else [len(history) - 1]
+        found: dict[int, list[int]] = {}
+
+        def fits(start: int) -> bool:
+            found[start] = render(self.with_system(system_prompt, history[start:]))
+            return len(found[start]) <= prompt_room
+
+        low, high = 0, len(starts) - 1
+        if not fits(starts[high]):
+            return None
+        while low < high:  # the first start that fits is in starts[low:high + 1]
+            middle = (low + high) // 2
+            if fits(starts[middle]):
+                high = middle
+            else:
+                low = middle + 1
+        return PromptPlan(found[starts[low]], starts[low])  # tested, and it fitted
+
+    def plan(self, render: Render, system_prompt: str, messages: Sequence[ChatMessage],
+             n_ctx: int, room: int) -> PromptPlan:
+        plan = self.fit(render, system_prompt, messages, n_ctx - room)
+        if plan is not None:
+            return plan
+        newest = [m for m in messages if m.role != "system"][-1:]
+        tokens = render(self.with_system(system_prompt, newest))
+        raise ContextOverflowError(
+            f"Your message is {len(tokens)} tokens with the chat template, and the context window "
+            f"holds {n_ctx} with {room} kept for the reply. Shorten the message, or start "
+            "specchat with a larger --n-ctx.")
+
+
+class RefuseTooLong:
+    """The API's rules: see the module docstring."""
+
+    def plan(self, render: Render, system_prompt: str, messages: Sequence[ChatMessage],
+             n_ctx: int, room: int) -> PromptPlan:
+        sent = list(messages)
+        if system_prompt and not any(m.role == "system" for m in sent):
+            sent.insert(0, ChatMessage("system", system_prompt))
+        tokens = render(sent)
+        if len(tokens) + room > n_ctx:
+            raise PromptTooLongError(len(tokens), n_ctx, room)
+        return PromptPlan(tokens)
+
+
+TRIM_OLDEST = TrimOldest()
+REFUSE_TOO_LONG = RefuseTooLong()
+
+
+def fallback_template_note(model_name: str) -> str:
+    """What to tell the user when ``model_name``'s chat template was missing or failed."""
+    return (f"{model_name} has no usable chat template, so the conversation is formatted with a "
+            "plain ChatML template; replies may be off. A model file that includes its chat "
+            "template (every model in `specchat models` does) avoids this.")

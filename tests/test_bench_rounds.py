@@ -20,7 +20,7 @@ from chatapp.bench.rounds import Spread, paired_ratios
 from chatapp.bench.runner import Bench
 from chatapp.engine.contracts import MODEL_SOURCE
 from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.memory import memory_path, remember
+from chatapp.policy.measurements import memory_path, remember
 from chatapp.settings.config import Config
 from tests.test_draft_policy import cheap, simulate, steep
 

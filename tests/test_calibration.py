@@ -13,7 +13,7 @@ from chatapp.backends.fake import FakeBackend
 from chatapp.engine.calibration import Calibration, measure
 from chatapp.engine.contracts import DraftBudget, Proposal
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
-from chatapp.policy import memory
+from chatapp.policy import measurements as memory
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.verify_cost import VerifyCostModel
 from chatapp.settings.config import Config
@@ -118,7 +118,7 @@ class FixedProposals:
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 
-    def prefill(self, context) -> None:
+    def prefill(self, context, hints) -> None:
         pass
 
     def propose(self, context, budget, params, rng) -> Proposal:

@@ -186,7 +186,7 @@ def ensure_calibration(config: Config, target: Backend, draft: Backend | None,
                        progress: LoadProgress = _quiet) -> calibration.Calibration:
     """This machine's costs for ``config``'s setup (``chatapp.engine.calibration``): the kept
     ones, else measured now (a few seconds, once per machine, pair, layout and thread setting)
-    and kept for every later start (``chatapp.policy.memory``)."""
+    and kept for every later start (``chatapp.policy.measurements``)."""
     path = memory_path(config.measured_setup())
     kept = recall_calibration(path)
     if kept is not None:

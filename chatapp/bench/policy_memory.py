@@ -1,5 +1,5 @@
 """What an adaptive configuration's policy starts each bench run from: nothing, or the memory the
-app persisted for that setup (``chatapp.policy.memory``).
+app persisted for that setup (``chatapp.policy.measurements``).
 
 ``PolicyMemory.FRESH`` runs every time from a new policy, as the first reply of a new install;
 ``LEARNT`` from the memory file the app, ``specchat run`` and ``specchat serve`` keep for the
@@ -24,7 +24,7 @@ from chatapp.bench.specs import NO_EDITS, RunSpec
 from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import DraftPolicy
 from chatapp.policy.auto import AutoDraftLength
-from chatapp.policy.memory import memory_path, recall
+from chatapp.policy.measurements import memory_path, recall
 from chatapp.settings.config import Config
 
 

@@ -171,10 +171,24 @@ def test_a_malformed_file_is_refused_in_one_line_and_nothing_is_imported(history
 
 def test_a_file_that_cannot_be_read_is_refused_in_one_line(history, capsys, tmp_path):
     assert "No such file" in one_line_error(*chats(capsys, "import", str(tmp_path / "gone")))
-    assert "Is a directory" in one_line_error(*chats(capsys, "import", str(tmp_path)))
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", str(tmp_path)))
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00")
     assert "not UTF-8" in one_line_error(*chats(capsys, "import", str(binary)))
+
+
+def test_a_fifo_a_device_and_a_file_too_large_are_refused_at_once(history, capsys, tmp_path):
+    """Issue 35, item 7: a FIFO used to hang the import, /dev/zero to exhaust memory."""
+    import os
+
+    fifo = tmp_path / "chat.fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", str(fifo)))
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", "/dev/zero"))
+    large = tmp_path / "large.json"
+    with large.open("wb") as file:
+        file.truncate(64 * 1024 * 1024 + 1)
+    assert "over 64 MiB" in one_line_error(*chats(capsys, "import", str(large)))
 
 
 def test_an_unreadable_history_is_one_line_too(tmp_path, monkeypatch, capsys):

@@ -34,3 +34,74 @@ def test_turn_over_waits_for_the_models_thread_to_end_the_job() -> None:
     assert items == ["reply"]
     assert busy_after_last_item  # the window the handlers must not answer in
     assert not busy_after_turn
+
+
+def test_a_failed_job_reaches_its_handler_once_the_worker_is_free() -> None:
+    """A refusal raised on the models' thread (a prompt too long) reaches the handler only once
+    the worker is free: the next request, answered after it, is never refused as busy."""
+
+    def produce(cancel: threading.Event) -> Iterator[str]:
+        raise ValueError("refused")
+        yield "never"
+
+    async def handle() -> bool:
+        worker = EngineWorker(max_waiting=0)
+        try:
+            async with worker.job(produce) as stream:
+                await stream.next()
+        except ValueError:
+            busy = worker.busy
+        await worker.close()
+        return busy
+
+    assert asyncio.run(handle()) is False
+
+
+def test_a_turn_that_comes_as_the_server_stops_never_runs_its_job() -> None:
+    """The running job ends and hands its turn to a waiting request just after ``close`` began
+    (a stop signal came as the job ended): that request gets ``Closing`` and its job never runs
+    on the models ``close`` frees."""
+    from chatapp.serve.worker import Closing
+
+    release = threading.Event()
+    ran: list[str] = []
+
+    def second(cancel: threading.Event) -> Iterator[str]:
+        ran.append("second")
+        yield "second"
+
+    async def handle() -> BaseException | None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        worker = EngineWorker(max_waiting=1)
+
+        def first(cancel: threading.Event) -> Iterator[str]:
+            release.wait(5)
+            yield "first"
+            loop.call_soon_threadsafe(stop.set)  # the signal, just before the job's end
+
+        async def closer() -> None:
+            await stop.wait()
+            await worker.close(lambda: ran.append("closed"))
+
+        async def run_second() -> BaseException | None:
+            try:
+                async with worker.job(second) as stream:
+                    await stream.next()
+            except Closing as error:
+                return error
+            return None
+
+        closing = asyncio.ensure_future(closer())
+        async with worker.job(first) as stream:
+            waiting = asyncio.ensure_future(run_second())
+            while not worker.waiting:
+                await asyncio.sleep(0.01)
+            release.set()
+            await stream.next()
+        outcome = await waiting
+        await closing
+        return outcome
+
+    assert isinstance(asyncio.run(handle()), Closing)
+    assert ran == ["closed"]

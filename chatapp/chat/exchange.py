@@ -19,6 +19,8 @@ reply's ``ReplyDelta``s, and an ``ExchangeDone`` with the reply and its figures.
 from __future__ import annotations
 
 import difflib
+import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chatapp.backends.chat_template import ChatMessage
-from chatapp.chat.history import HistoryStore
+from chatapp.backends.prompt_parts import PromptCancelled as PromptCancelled  # for front ends
+from chatapp.backends.prompt_parts import PromptOverLimit, plain_tokens
+from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.loader import LoadProgress, build_session, make_policy
 from chatapp.chat.served import ServedChats
 from chatapp.chat.session import MIN_REPLY_ROOM, ChatSession, fallback_template_note
@@ -43,18 +47,31 @@ from chatapp.policy.memory import memory_path, recall, remember
 from chatapp.settings.config import Config
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
+log = logging.getLogger(__name__)
 
 
 class PromptTooLongError(UserFacingError):
     """The request's messages leave no room for a reply in the context window."""
 
-    def __init__(self, prompt_tokens: int, n_ctx: int, room: int) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, room: int, at_least: bool = False
+                 ) -> None:
+        """``at_least``: the work stopped once ``prompt_tokens`` passed the limit."""
         super().__init__(
-            f"The messages are {prompt_tokens} tokens with the chat template, and the context "
+            f"The messages are {'more than ' if at_least else ''}{prompt_tokens} tokens with "
+            "the chat template, and the context "
             f"window holds {n_ctx} with at least {room} kept for the reply. Send fewer or "
             "shorter messages, or start the server with a larger --n-ctx.")
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+
+
+class PredictionTooLongError(UserFacingError):
+    """The predicted output is longer than the room the prompt leaves in the context window."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__(
+            f"The prediction is longer than the {room} tokens the messages leave in the context "
+            "window: no reply could use all of it. Send a shorter prediction.")
 
 
 @dataclass(frozen=True)
@@ -156,18 +173,37 @@ class ChatExchange:
         self.served.close()
         self.session.close()
 
-    def prompt(self, request: ExchangeRequest) -> list[int]:
-        """The prompt tokens of ``request``; ``PromptTooLongError`` when no reply fits."""
+    def prompt(self, request: ExchangeRequest, cancel: threading.Event | None = None
+               ) -> list[int]:
+        """The prompt tokens of ``request``; ``PromptTooLongError`` as soon as no reply can fit
+        (before any tokenization when there are more messages than the context has places),
+        ``PromptCancelled`` once ``cancel`` is set."""
         messages = list(request.messages)
         system = self.session.system_prompt
         if system and not any(m.role == "system" for m in messages):
             messages.insert(0, ChatMessage("system", system))
         target = self.session.engine.target
-        tokens = target.chat_prompt(messages)
         room = min(self.settings(request).max_tokens, MIN_REPLY_ROOM)
-        if len(tokens) + room > target.n_ctx:
-            raise PromptTooLongError(len(tokens), target.n_ctx, room)
-        return tokens
+        limit = target.n_ctx - room
+        if len(messages) > limit:
+            raise PromptTooLongError(len(messages), target.n_ctx, room, at_least=True)
+        try:
+            return target.chat_prompt(messages, limit, cancel)
+        except PromptOverLimit as over:
+            raise PromptTooLongError(over.tokens, target.n_ctx, room, at_least=True) from None
+
+    def prediction(self, request: ExchangeRequest, prompt_tokens: int,
+                   cancel: threading.Event | None = None) -> list[int] | None:
+        """The predicted output's tokens (plain text), None without one;
+        ``PredictionTooLongError`` as soon as they are known not to fit beside the prompt."""
+        if not request.prediction:
+            return None
+        target = self.session.engine.target
+        room = target.n_ctx - prompt_tokens
+        try:
+            return plain_tokens(request.prediction, target.tokenize, room, cancel)
+        except PromptOverLimit:
+            raise PredictionTooLongError(room) from None
 
     def settings(self, request: ExchangeRequest) -> GenerationSettings:
         base = self.session.settings
@@ -179,12 +215,12 @@ class ChatExchange:
 
     def run(self, request: ExchangeRequest, cancel: threading.Event) -> Iterator[ExchangeEvent]:
         """(Worker thread.) The exchange's events; setting ``cancel`` ends the reply after the
-        step under way (finish reason "cancelled")."""
-        tokens = self.prompt(request)
+        step under way (finish reason "cancelled"), or stops the prompt's tokenization with
+        ``PromptCancelled``."""
+        tokens = self.prompt(request, cancel)
+        predicted = self.prediction(request, len(tokens), cancel)
         yield ExchangeStarted(len(tokens), self._template_note())
         drafter = predicting_drafter(self.session.engine.drafter)
-        predicted = self.session.engine.target.tokenize(request.prediction) if (
-            request.prediction) else None
         chat = self.served.begin(request.messages)
         if drafter is not None:
             drafter.predict(predicted)
@@ -212,11 +248,15 @@ class ChatExchange:
 
     def _keep(self, request: ExchangeRequest, chat: int | None, reply: "_Reply",
               result: ExchangeResult) -> None:
-        """Save the exchange (with a history) and what the policy learnt."""
+        """Save the exchange (with a history) and what the policy learnt. A reply that
+        finished is answered even when the history cannot save it: the failure is logged."""
         meta = {"k": self.config.draft_length, "draft": self.config.draft,
                 "target": self.config.target, "api": True}
-        self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
-                         result.finish_reason, meta)
+        try:
+            self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
+                             result.finish_reason, meta)
+        except (HistoryError, sqlite3.Error, OSError) as error:
+            log.warning("The reply was answered but not saved to the history: %s", error)
         if result.finish_reason != "cancelled":
             self._remember()
 

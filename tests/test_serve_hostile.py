@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.serve_launcher import ServeProcess
-from tests.test_serve import post, raw
+from tests.test_serve import post, raw, server  # noqa: F401 (a fixture)
 
 BIG_CONTEXT = ["--n-ctx", "8000000"]  # the fake tokenizes 8 MB for a minute, under the limit
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    process = ServeProcess(tmp_path_factory.mktemp("hostile"))
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def chat(content: str | list[dict], **fields: object) -> dict:

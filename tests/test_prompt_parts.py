@@ -199,3 +199,21 @@ def test_smollm_an_attachment_and_a_saved_chat_stay_text(smollm, tmp_path) -> No
     [tokens] = index.corpus._docs.values()
     honest = smollm.chat_prompt([ChatMessage("user", "hi"), ChatMessage("assistant", "no")])
     assert [tokens.count(t) for t in (1, 2)] == [honest.count(t) for t in (1, 2)]
+
+
+@pytest.mark.real_models
+def test_smollm_a_closed_model_refuses_a_prompt_instead_of_calling_llama_cpp() -> None:
+    """Issue 35, item 8: a job that starts after the models were freed must not reach
+    llama.cpp with a null model (the template's metadata was read from it first)."""
+    from tests.test_llama_backend import _smollm_path
+
+    path = _smollm_path()
+    if path is None:
+        pytest.skip("SmolLM2 test model not installed")
+    from chatapp.backends.base import BackendError
+    from chatapp.backends.llama_cpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(path, n_ctx=256)
+    backend.close()
+    with pytest.raises(BackendError, match="closed"):
+        backend.chat_prompt([ChatMessage("user", "hi")])

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -27,10 +27,16 @@ PROPERTY = settings(max_examples=150, deadline=None,
 # Any Unicode text, lone surrogates included (JSON's "\ud800" decodes to one).
 TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)
 NUMBER = (st.integers() | st.integers(-10**400, 10**400) | st.floats()
-          | st.sampled_from([0, -1, 2**63, 2**64, -(2**63), 1e308, -0.0]))
-SCALAR = st.none() | st.booleans() | NUMBER | TEXT
+          | st.sampled_from([0, -1, 2**63, 2**64, -(2**63), 10**400, 1e308, -0.0]))
+SCALAR = st.none() | st.booleans() | NUMBER | TEXT | st.just("lone \ud800 surrogate")
 JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12)
+
+
+# What broke 015be51's readers, drawn often.
+HOSTILE = st.sampled_from([10**400, -(10**400), -1, 2**64, float("nan"), float("inf"),
+                           "\ud800", ["\udfff"], {"\ud800": 1}, [], {}, None, True, "x"])
+VALUE = HOSTILE | JSON
 
 
 def json_text(value: Any) -> str:
@@ -46,9 +52,16 @@ MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "ass
                                                           "developer", "tool"]) | TEXT},
                                 optional={"content": JSON | TEXT, "name": JSON,
                                           "tool_calls": JSON})
+USER_MESSAGE = st.fixed_dictionaries({"role": st.just("user"), "content": TEXT})
 REQUEST = st.fixed_dictionaries(
-    {"model": st.just("specchat") | JSON, "messages": st.lists(MESSAGE, max_size=3) | JSON},
+    {"model": st.just("specchat") | JSON,
+     "messages": st.lists(USER_MESSAGE, min_size=1, max_size=2) | st.lists(MESSAGE, max_size=3)
+     | JSON},
     optional={name: JSON for name in REQUEST_FIELDS[2:]})
+PLAUSIBLE_REQUEST = st.fixed_dictionaries(
+    {"model": st.just("specchat"), "messages": st.lists(USER_MESSAGE, min_size=1, max_size=2)},
+    optional={"seed": VALUE, "temperature": VALUE, "max_tokens": VALUE, "stream": VALUE,
+              "stop": VALUE, "prediction": VALUE})
 
 
 def check_request(data: bytes) -> None:
@@ -66,7 +79,8 @@ def check_request(data: bytes) -> None:
 
 
 @PROPERTY
-@given(REQUEST)
+@given(REQUEST | PLAUSIBLE_REQUEST)
+@example({"model": "specchat", "messages": [{"role": "user", "content": "x"}], "seed": -1})
 def test_any_request_is_served_or_refused_with_a_400(request: dict[str, Any]) -> None:
     check_request(json_text(request).encode())
 
@@ -108,14 +122,14 @@ def damaged_chat_files(draw: st.DrawFn) -> dict[str, Any]:
     for _ in range(draw(st.integers(1, 3))):
         where = draw(st.sampled_from(["chat", "message", "stats"]))
         if where == "chat":
-            data[draw(st.sampled_from(CHAT_FIELDS))] = draw(JSON)
+            data[draw(st.sampled_from(CHAT_FIELDS))] = draw(VALUE)
         elif where == "message":
             message = messages[draw(st.integers(0, len(messages) - 1))]
-            message[draw(st.sampled_from(MESSAGE_FIELDS))] = draw(JSON)
+            message[draw(st.sampled_from(MESSAGE_FIELDS))] = draw(VALUE)
         else:
             messages[-1]["stats"] = draw(st.dictionaries(
                 st.sampled_from(["tokens", "per_position_accepted", "total_s", "nonsense"]),
-                JSON, max_size=3))
+                VALUE, max_size=3))
     return data
 
 

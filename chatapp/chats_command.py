@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatapp.errors import UserFacingError
 from chatapp.settings.options import arg_type, at_least
-from chatapp.user_files import write_private
+from chatapp.user_files import FileTooLarge, NotRegularFile, read_regular, write_private
 
 if TYPE_CHECKING:
     from chatapp.chat.chats import SavedChats
@@ -120,11 +120,17 @@ def _export(chats: SavedChats, args: argparse.Namespace) -> int:
 
 
 def _import(chats: SavedChats, args: argparse.Namespace) -> int:
+    from chatapp.chat.chat_file import MAX_FILE_BYTES
     from chatapp.chat.chats import ChatFileError
     from chatapp.chat.terminal_text import printable_line
 
     try:
-        text = args.file.read_text(encoding="utf-8")
+        text = read_regular(args.file, MAX_FILE_BYTES).decode("utf-8")
+    except NotRegularFile:
+        return _fail(f"cannot read {args.file}: it is not a regular file (a chat export is).")
+    except FileTooLarge:
+        return _fail(f"cannot read {args.file}: it is over {MAX_FILE_BYTES // 2**20} MiB, "
+                     "more than a chat export holds.")
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) else "it is not UTF-8 text"
         return _fail(f"cannot read {args.file}: {reason or error}.")

@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("tui", parents=[common], help="the chat app (the default)")
     web = commands.add_parser("web", parents=[common], help="the chat app in a browser tab, "
                               "served on 127.0.0.1 only")
-    web.add_argument("--port", type=_port, default=0, help="port (default: a free one)")
+    web.add_argument("--port", type=_port_or_free, default=0,
+                     help="port (default 0: a free one)")
     web.add_argument("--no-open", dest="open", action="store_false",
                      help="print the address, do not open the browser")
     _add_serve_parser(commands, common)
@@ -226,7 +227,11 @@ def _add_rpc_server_parser(commands: Any) -> None:
     server = commands.add_parser("rpc-server", help="serve this machine's CPU or GPU to the "
                                  "target of a specchat on another machine (trusted networks only)")
     server.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on "
-                        "(default 127.0.0.1; 0.0.0.0: every interface)")
+                        "(default 127.0.0.1; another one needs --unauthenticated-network)")
+    server.add_argument("--unauthenticated-network", action="store_true",
+                        help="listen on an address other than loopback although the RPC "
+                        "protocol has no authentication and no encryption (trusted networks "
+                        "only)")
     server.add_argument("--port", type=_port, default=DEFAULT_RPC_PORT,
                         help=f"TCP port (default {DEFAULT_RPC_PORT})")
     server.add_argument("--threads", dest="server_threads", type=_positive_int,
@@ -244,7 +249,8 @@ def rpc_server_command(args: argparse.Namespace) -> int:
     """`specchat rpc-server`: ggml's RPC server loop, in the foreground until killed (Ctrl-C)."""
     from chatapp.backends.rpc import serve_command
 
-    return serve_command(args.host, args.port, args.server_threads, args.server_devices)
+    return serve_command(args.host, args.port, args.server_threads, args.server_devices,
+                         args.unauthenticated_network)
 
 
 def load_settings(args: argparse.Namespace) -> Config:

@@ -13,17 +13,20 @@ no terminal: ``kill -INT`` from a script). A SIGINT ignored from the start (a ba
 script) stays ignored by the app.
 
 Where ``os.fork`` does not exist, or ``SPECCHAT_NO_SUPERVISOR=1`` is set, ``run`` runs in this
-process with ``faulthandler`` writing to the same log.
+process with ``faulthandler`` writing to the same log. The child gets SIGTERM when the parent
+dies, even by SIGKILL (Linux), so no orphan keeps serving; the log's header names the command
+line with the values of secret options (``--api-key``) left out.
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,8 @@ from chatapp.user_files import open_private_log, state_dir
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
                            signal.SIGABRT})
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SECRET_OPTIONS = frozenset({"--api-key"})  # their values never go into the crash log
+_PR_SET_PDEATHSIG = 1
 # Leave the alternate screen, show the cursor, stop mouse reporting and bracketed paste.
 _TERMINAL_RESET = "\x1b[?1049l\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l\r\n"
 
@@ -52,8 +57,10 @@ def supervised(run: Callable[[], int]) -> int:
     # Held back over the fork, so none arrives before the parent can pass it on (SIGINT too:
     # before its handler is in, it would raise KeyboardInterrupt in the parent).
     held = signal.pthread_sigmask(signal.SIG_BLOCK, (*FORWARDED_SIGNALS, signal.SIGINT))
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        _die_with(parent)
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _log_faults_to(crash_log_path())
         return run()
@@ -75,6 +82,32 @@ def crash_line(signum: int, log: Path) -> str | None:
             f"{saved} Details: {log}")
 
 
+def _die_with(parent: int) -> None:
+    """(The child.) Get SIGTERM when ``parent`` dies, even by SIGKILL (Linux's
+    ``PR_SET_PDEATHSIG``), so that no orphan keeps a port or the models; if it died already,
+    now."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of secret options (``--api-key``) replaced by ``***``."""
+    shown: list[str] = []
+    for arg in argv:
+        if shown and shown[-1] in SECRET_OPTIONS:
+            shown.append("***")
+        elif arg.split("=", 1)[0] in SECRET_OPTIONS and "=" in arg:
+            shown.append(arg.split("=", 1)[0] + "=***")
+        else:
+            shown.append(arg)
+    return shown
+
+
 def _log_faults_to(path: Path) -> None:
     """On a fatal signal, append a header and every thread's stack to ``path`` (0600)."""
     try:
@@ -83,7 +116,7 @@ def _log_faults_to(path: Path) -> None:
         faulthandler.enable(all_threads=True)  # stderr, better than nothing
         return
     log.write(f"\n--- specchat pid {os.getpid()} started {time.ctime()}: "
-              f"{' '.join(sys.argv)}\n")
+              f"{' '.join(redacted(sys.argv))}\n")
     log.flush()
     faulthandler.enable(file=log, all_threads=True)
 

@@ -17,6 +17,10 @@ never half of one; ``open_private`` streams a file from empty (the caller rename
 ``open_private_log`` appends; ``create_private_file`` makes an empty file for a program (SQLite)
 that opens it itself.
 
+Reads of files a user names (an attachment, a chat to import): ``read_regular`` opens without
+blocking, refuses anything but a regular file on the open file itself (a path swapped for a FIFO
+after a check is refused too) and reads at most a limit.
+
 Remembered state (what specchat keeps from one start to the next only to save time): JSON read
 with ``read_json_object`` (empty when missing or damaged) and written with ``remember_json``
 (best effort: a failed write is skipped).
@@ -128,6 +132,33 @@ def write_private(path: Path, data: bytes) -> None:
             pass
         raise
     _fsync_folder(path.parent)
+
+
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a folder, not a regular file."""
+
+
+class FileTooLarge(OSError):
+    """The file is larger than the reader's limit."""
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``; ``NotRegularFile`` for anything else (never
+    blocking on a FIFO), ``FileTooLarge`` when it has more than ``limit`` bytes, or the
+    ``OSError`` of the open or the read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

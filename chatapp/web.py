@@ -27,9 +27,11 @@ import hmac
 import html
 import json
 import secrets
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import webbrowser
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -38,6 +40,8 @@ import textual_serve
 from aiohttp import WSMsgType, web
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
+
+from chatapp.user_files import write_private
 
 HOST = "127.0.0.1"
 STATIC_DIR = Path(textual_serve.__file__).parent / "static"
@@ -332,6 +336,23 @@ async def _relay(websocket: web.WebSocketResponse, app: AppProcess) -> None:
             await app.blur()
 
 
+def open_privately(url: str) -> Path:
+    """Open ``url`` in the browser without putting it on the browser's command line, which
+    every local user can read (``/proc/PID/cmdline``): the browser opens a page in a private
+    folder (0700, the page 0600) that sends it on to ``url``. Returns the folder, for the caller
+    to remove."""
+    folder = Path(tempfile.mkdtemp(prefix="specchat-web-"))
+    page = folder / "open.html"
+    target = html.escape(url, quote=True)
+    write_private(page, (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>specchat'
+                         f'</title><meta name="referrer" content="no-referrer">'
+                         f'<meta http-equiv="refresh" content="0;url={target}"></head>'
+                         f'<body><a href="{target}">Open specchat</a></body></html>'
+                         ).encode("utf-8"))
+    webbrowser.open(page.as_uri())
+    return folder
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl+C, kill, the terminal closed
 
 
@@ -350,12 +371,14 @@ async def serve(server: WebServer, open_browser: bool) -> int:
         loop.add_signal_handler(signum, stop.set)
     print(f"specchat is at {server.url}\n(the address holds this run's secret: keep it to "
           "yourself; Ctrl+C stops specchat)", flush=True)
-    if open_browser:
-        await loop.run_in_executor(None, webbrowser.open, server.url)
+    opener = await loop.run_in_executor(None, open_privately, server.url) if (
+        open_browser) else None
     try:
         await stop.wait()
     finally:
         print("specchat web: stopping", file=sys.stderr, flush=True)
+        if opener is not None:
+            shutil.rmtree(opener, ignore_errors=True)
         await server.stop()
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)

@@ -1,10 +1,12 @@
 """`specchat serve` on fake backends, and a handle on a server process for the tests.
 
     python -m tests.serve_launcher [--fake-delay S] [--fake-endless] [--fake-max-tokens N]
+                                   [--head-timeout S] [--max-connections N] [--body-timeout S]
                                    SERVE OPTIONS...
         `specchat serve SERVE OPTIONS` (cli.main), its models the fakes of tests/conftest.py:
         the exact fake target, and the default drafter (speculative edits, the suffix index,
-        prompt lookup, then a noisy fake draft model)
+        prompt lookup, then a noisy fake draft model); ``--head-timeout``,
+        ``--max-connections`` and ``--body-timeout`` replace the server's limits
 
 ``ServeProcess`` starts either (this launcher, or the real `python -m chatapp.cli serve`) on a
 free port of 127.0.0.1 and reads the address it prints. Run from the repository root.
@@ -65,12 +67,29 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--fake-delay", type=float, default=0.0)
     parser.add_argument("--fake-endless", action="store_true")
     parser.add_argument("--fake-max-tokens", type=int, default=40)
+    parser.add_argument("--head-timeout", type=float)
+    parser.add_argument("--max-connections", type=int)
+    parser.add_argument("--body-timeout", type=float)
     fake, rest = parser.parse_known_args(argv)
+    _set_limits(fake)
     serve = chatapp.serve.command.serve_command
     factory = fake_factory(fake.fake_max_tokens, fake.fake_delay, fake.fake_endless)
     chatapp.serve.command.serve_command = (  # type: ignore[assignment]
         lambda config, options: serve(config, options, factory))
     return cli_main(["serve", *FAKE_MODEL_OPTIONS, *rest])
+
+
+def _set_limits(fake: argparse.Namespace) -> None:
+    """The server's limits the options give (the modules are imported only then)."""
+    if fake.body_timeout is not None:
+        import chatapp.serve.app as app
+        app.BODY_TIMEOUT_S = fake.body_timeout
+    if fake.head_timeout is not None or fake.max_connections is not None:
+        import chatapp.serve.connections as connections
+        if fake.head_timeout is not None:
+            connections.HEAD_TIMEOUT_S = connections.KEEPALIVE_S = fake.head_timeout
+        if fake.max_connections is not None:
+            connections.MAX_CONNECTIONS = fake.max_connections
 
 
 class ServeProcess:

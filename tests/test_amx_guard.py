@@ -153,6 +153,10 @@ def fake_child(tmp_path: Path, body: str) -> list[str]:
     ("print('ok')", amx_probe.Verdict.SAFE),
     ("os.kill(os.getpid(), signal.SIGSEGV)", amx_probe.Verdict.CRASHES),
     ("os.kill(os.getpid(), signal.SIGILL)", amx_probe.Verdict.CRASHES),
+    ("os.kill(os.getpid(), signal.SIGBUS)", amx_probe.Verdict.CRASHES),
+    # the out-of-memory killer's signal, or a user's: no verdict on AMX (issue 35, item 11)
+    ("os.kill(os.getpid(), signal.SIGKILL)", amx_probe.Verdict.UNKNOWN),
+    ("os.kill(os.getpid(), signal.SIGTERM)", amx_probe.Verdict.UNKNOWN),
     ("sys.exit('the probe model did not load')", amx_probe.Verdict.UNKNOWN),
     ("import time; time.sleep(30)", amx_probe.Verdict.UNKNOWN),
 ])

@@ -71,6 +71,15 @@ def test_a_missing_path_a_folder_and_a_binary_file_are_refused_clearly(folder, m
         read_attachment("greet.py")
 
 
+def test_a_path_swapped_for_a_fifo_after_the_checks_is_refused_not_waited_on(folder, monkeypatch):
+    """Issue 35, item 13: the file is checked on the open file itself; a FIFO that took the
+    place of a checked file used to block the reader (here: every path looks like a file)."""
+    os.mkfifo(folder / "swapped")
+    monkeypatch.setattr(type(folder), "is_file", lambda path: True)
+    with pytest.raises(AttachmentError, match="not a regular file"):
+        read_attachment("swapped")
+
+
 def test_the_models_see_each_file_fenced_with_its_language_and_path_then_the_text():
     first = Attachment("a.py", "python", "x = 1")
     tricky = Attachment("doc.md", "markdown", "```python\ncode\n````\n")

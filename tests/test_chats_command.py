@@ -171,10 +171,24 @@ def test_a_malformed_file_is_refused_in_one_line_and_nothing_is_imported(history
 
 def test_a_file_that_cannot_be_read_is_refused_in_one_line(history, capsys, tmp_path):
     assert "No such file" in one_line_error(*chats(capsys, "import", str(tmp_path / "gone")))
-    assert "Is a directory" in one_line_error(*chats(capsys, "import", str(tmp_path)))
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", str(tmp_path)))
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe\x00")
     assert "not UTF-8" in one_line_error(*chats(capsys, "import", str(binary)))
+
+
+def test_a_fifo_a_device_and_a_file_too_large_are_refused_at_once(history, capsys, tmp_path):
+    """Issue 35, item 7: a FIFO used to hang the import, /dev/zero to exhaust memory."""
+    import os
+
+    fifo = tmp_path / "chat.fifo"
+    os.mkfifo(fifo)
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", str(fifo)))
+    assert "not a regular file" in one_line_error(*chats(capsys, "import", "/dev/zero"))
+    large = tmp_path / "large.json"
+    with large.open("wb") as file:
+        file.truncate(64 * 1024 * 1024 + 1)
+    assert "over 64 MiB" in one_line_error(*chats(capsys, "import", str(large)))
 
 
 def test_an_unreadable_history_is_one_line_too(tmp_path, monkeypatch, capsys):
@@ -183,3 +197,14 @@ def test_an_unreadable_history_is_one_line_too(tmp_path, monkeypatch, capsys):
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a database" * 100)
     assert "cannot be opened" in one_line_error(*chats(capsys, "list"))
+
+
+def test_a_search_on_a_damaged_index_is_one_line(history, capsys):
+    """Issue 35, item 13: a damaged full-text index used to end `chats search` in a traceback."""
+    import sqlite3
+
+    db = sqlite3.connect(history.path)
+    db.execute("DROP TABLE messages_fts_data")
+    db.commit()
+    db.close()
+    assert "Could not search" in one_line_error(*chats(capsys, "search", "apples"))

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,33 @@ def test_the_command_itself_is_supervised(tmp_path: Path) -> None:
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0 and "qwen2.5-coder-1.5b" in out
     assert "started" in (tmp_path / "crash.log").read_text()  # the child armed faulthandler
+
+
+def test_the_child_dies_with_its_parent(tmp_path: Path) -> None:
+    """Issue 35, item 11: SIGKILL of the guard's parent used to leave the serving child
+    holding its port."""
+    process = supervised("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)",
+                         tmp_path / "crash.log")
+    child = int(process.stdout.readline())
+    process.kill()
+    process.wait(10)
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its parent")
+
+
+def test_the_crash_log_leaves_the_api_key_out(tmp_path: Path) -> None:
+    log = tmp_path / "crash.log"
+    code = ("import sys\nfrom chatapp.crash_guard import supervised\n"
+            "sys.argv = ['specchat', 'serve', '--api-key', 's3cret-1', '--api-key=s3cret-2']\n"
+            "sys.exit(supervised(lambda: 0))\n")
+    env = {**os.environ, "SPECCHAT_CRASH_LOG": str(log)}
+    env.pop("SPECCHAT_NO_SUPERVISOR", None)
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=60)
+    text = log.read_text()
+    assert "s3cret" not in text and "--api-key *** --api-key=***" in text

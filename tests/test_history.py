@@ -144,3 +144,19 @@ def test_the_markdown_heading_says_how_each_reply_ended(store, tmp_path):
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["## Assistant", "## Assistant (cut at max tokens)",
                         "## Assistant (stopped)", "## Assistant (failed)", "## Assistant"]
+
+
+def test_a_regenerated_reply_replaces_the_old_one_in_one_transaction(tmp_path) -> None:
+    """Issue 35, item 6: the old reply was deleted, then the new one inserted, in two
+    transactions; a failed insert now leaves the old reply in place."""
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    chat = store.create_chat("c")
+    store.add_message(chat, "user", "hi")
+    old = store.add_message(chat, "assistant", "first")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_message(chat + 1, "assistant", "second", replacing=old)  # no such chat
+    assert [m.content for m in store.messages(chat)] == ["hi", "first"]
+    new = store.add_message(chat, "assistant", "second", replacing=old)
+    assert [(m.id, m.content) for m in store.messages(chat)] == [
+        (store.messages(chat)[0].id, "hi"), (new, "second")]
+    store.close()

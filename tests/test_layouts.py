@@ -166,3 +166,54 @@ def test_the_size_estimate_counts_the_big_tensors_at_the_layouts_width(tmp_path:
     q8 = layouts.estimated_size(source, Layout("q8", "Q8_0", 34 / 32))
     q4 = layouts.estimated_size(source, Layout("q4", "Q4_0", 18 / 32))
     assert q4 < source.stat().st_size < q8  # the source is Q4_1: 20 bytes per 32 weights
+
+
+def test_two_preparations_at_once_take_turns(tmp_path: Path, monkeypatch) -> None:
+    """Issue 35, item 10: two first starts at once (serve and the app) used to delete and
+    rename each other's partial file; now the second waits and finds the layout prepared."""
+    import subprocess
+    import threading
+
+    source = smollm(tmp_path)
+    children: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def stand_in(command, **kwargs):
+        out = command[4]
+        children.append(real_popen([sys.executable, "-c", "import time; time.sleep(0.5); "
+                                    f"open({out!r}, 'wb').write(b'GGUF' * 1024)"], **kwargs))
+        return children[-1]
+
+    monkeypatch.setattr(layouts.subprocess, "Popen", stand_in)
+    results: list[object] = []
+
+    def prepare() -> None:
+        try:
+            results.append(prepare_layout(source, DRAFT))
+        except Exception as error:  # noqa: BLE001 (the test reports it)
+            results.append(error)
+
+    threads = [threading.Thread(target=prepare) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results == [prepared_path(source, DRAFT)] * 2
+    assert len(children) == 1
+    assert not list(source.parent.glob(".*partial"))
+
+
+def test_a_failed_marker_write_is_a_layout_error(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    source = smollm(tmp_path)
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(layouts.subprocess, "Popen", lambda command, **kwargs: real_popen(
+        [sys.executable, "-c", f"open({command[4]!r}, 'wb').write(b'GGUF')"], **kwargs))
+
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(layouts, "write_private", full_disk)
+    with pytest.raises(LayoutError, match="No space left on device.*shipped"):
+        prepare_layout(source, DRAFT)

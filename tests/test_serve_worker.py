@@ -34,3 +34,25 @@ def test_turn_over_waits_for_the_models_thread_to_end_the_job() -> None:
     assert items == ["reply"]
     assert busy_after_last_item  # the window the handlers must not answer in
     assert not busy_after_turn
+
+
+def test_a_failed_job_reaches_its_handler_once_the_worker_is_free() -> None:
+    """A refusal raised on the models' thread (a prompt too long) reaches the handler only once
+    the worker is free: the next request, answered after it, is never refused as busy."""
+
+    def produce(cancel: threading.Event) -> Iterator[str]:
+        raise ValueError("refused")
+        yield "never"
+
+    async def handle() -> bool:
+        worker = EngineWorker(max_waiting=0)
+        try:
+            async with worker.job(produce) as stream:
+                await stream.next()
+        except ValueError:
+            busy = worker.busy
+        await worker.close()
+        return busy
+
+    assert asyncio.run(handle()) is False
+

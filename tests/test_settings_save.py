@@ -158,3 +158,21 @@ async def test_an_invalid_value_is_not_saved(tui_make_app, tmp_path):
         assert app.screen is screen
         assert "top_p" in str(screen.query_one("#settings-error").render())
     assert not path.exists()
+
+
+def test_saving_beside_a_long_multi_line_system_prompt_takes_one_pass(tmp_path) -> None:
+    """Issue 35, item 9: the statement's end used to be found by parsing the file again at every
+    line break and '#' of its value (quadratic in a long system prompt)."""
+    import time
+
+    from chatapp.settings.config import Config, load_config
+    from chatapp.settings.config_file import save_config
+
+    prompt = "\n".join(f"# rule {n}: keep it short # and 'quoted' \"too\"" for n in range(4000))
+    path = tmp_path / "config.toml"
+    path.write_text(f'system_prompt = """\n{prompt}"""\n# mine\ntemperature = 0.5\n')
+    started = time.perf_counter()
+    save_config(Config(system_prompt=prompt, temperature=0.9), path)
+    assert time.perf_counter() - started < 2.0
+    assert load_config(path) == Config(system_prompt=prompt, temperature=0.9)
+    assert "# mine" in path.read_text()

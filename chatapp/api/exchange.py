@@ -21,6 +21,8 @@ reply's ``ReplyDelta``s, and an ``ExchangeDone`` with the reply and its figures.
 from __future__ import annotations
 
 import difflib
+import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from chatapp.api.served import ServedChats
 from chatapp.api.stops import Piece, StopScanner
 from chatapp.assembly.loader import LoadProgress, build_session
-from chatapp.chat.history import HistoryStore
+from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
 from chatapp.chat.reply_settings import policy_setting
@@ -37,12 +39,25 @@ from chatapp.chat.session import ChatSession, ReplyOverrides
 from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats
+from chatapp.errors import UserFacingError
 from chatapp.policy.draft_length import DraftLength
 from chatapp.settings.config import Config
+from chatapp.text_budget import PromptCancelled, PromptOverLimit
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
-           "PromptTooLongError", "ReplyDelta", "SourceCounts", "open_exchange"]
+           "PredictionTooLongError", "PromptCancelled", "PromptTooLongError", "ReplyDelta",
+           "SourceCounts", "open_exchange"]
+log = logging.getLogger(__name__)
+
+
+class PredictionTooLongError(UserFacingError):
+    """The predicted output is longer than the context window."""
+
+    def __init__(self, n_ctx: int) -> None:
+        super().__init__(
+            f"The prediction is longer than the context window ({n_ctx} tokens): no reply could "
+            "use all of it. Send a shorter prediction.")
 
 
 @dataclass(frozen=True)
@@ -149,9 +164,10 @@ class ChatExchange:
 
     def run(self, request: ExchangeRequest, cancel: threading.Event) -> Iterator[ExchangeEvent]:
         """(Worker thread.) The exchange's events; setting ``cancel`` ends the reply after the
-        step under way (finish reason "cancelled")."""
-        predicted = self.session.tokenize(request.prediction) if request.prediction else None
-        chat, hints = self.served.hints(request.messages, predicted or ())
+        step under way (finish reason "cancelled"), or stops the tokenization of its prompt or
+        prediction with ``PromptCancelled``."""
+        predicted = self._predicted(request, cancel)
+        chat, hints = self.served.hints(request.messages, predicted)
         plan, events = self.session.reply(request.messages, self.policy, rules=REFUSE_TOO_LONG,
                                           overrides=request.overrides, hints=hints,
                                           cancel=cancel)
@@ -176,13 +192,27 @@ class ChatExchange:
 
     def _keep(self, request: ExchangeRequest, chat: int | None, reply: "_Reply",
               result: ExchangeResult) -> None:
-        """Save the exchange (with a history) and what the policy learnt."""
+        """Save the exchange (with a history) and what the policy learnt. A reply that
+        finished is answered even when the history cannot save it: the failure is logged."""
         meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
-        self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
-                         result.finish_reason, meta)
+        try:
+            self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
+                             result.finish_reason, meta)
+        except (HistoryError, sqlite3.Error, OSError) as error:
+            log.warning("The reply was answered but not saved to the history: %s", error)
         if result.finish_reason is not Ending.CANCELLED:
             self.policy.remember(policy_setting(self.config))
+
+    def _predicted(self, request: ExchangeRequest, cancel: threading.Event) -> tuple[int, ...]:
+        """The predicted output's tokens (plain text; none without one);
+        ``PredictionTooLongError`` as soon as they are known not to fit the context window."""
+        if not request.prediction:
+            return ()
+        try:
+            return tuple(self.session.tokenize(request.prediction, self.session.n_ctx, cancel))
+        except PromptOverLimit:
+            raise PredictionTooLongError(self.session.n_ctx) from None
 
 
 class _Reply:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from chatapp.chat.history import HistoryStore
+from chatapp.chat.history import ChatSummary, HistoryStore, StoredMessage
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.terminal_text import printable_line
 from chatapp.engine.contracts import DraftHints
@@ -71,21 +72,20 @@ class ServedChats:
     def save(self, messages: Sequence[ChatMessage], chat: int | None, reply: str,
              pieces: Sequence[tuple[str, TokenSource]], stats: TurnStats, finish_reason: str,
              meta: dict[str, Any]) -> int | None:
-        """Write the exchange to the history (``chat``: the chat it continues, from ``begin``);
-        its chat id, or None without a history."""
+        """Write the exchange to the history in one transaction (``chat``: the chat it
+        continues, from ``begin``); its chat id, or None without a history."""
         if self.history is None:
             return None
+        now = time.time()
+        answer = StoredMessage(0, 0, "assistant", reply, now, list(pieces), finish_reason, stats,
+                               meta)
         if chat is None or self.history.get_chat(chat) is None:
             first = next((m.content for m in messages if m.role == "user"), "API request")
-            chat = self.history.create_chat(printable_line(first)[:TITLE_LENGTH], self.draft,
-                                             self.target)
-            new = list(messages)
+            summary = ChatSummary(0, printable_line(first)[:TITLE_LENGTH], self.draft,
+                                  self.target, now, now, 0)
+            chat = self.history.insert_chat(summary, [*_stored(messages, now), answer], now)
         else:
-            new = list(messages[-1:])
-        for message in new:
-            self.history.add_message(chat, message.role, message.content)
-        self.history.add_message(chat, "assistant", reply, runs=list(pieces),
-                                 finish_reason=finish_reason, stats=stats, meta=meta)
+            self.history.append_messages(chat, [*_stored(messages[-1:], now), answer], now)
         if self._key is not None and self._key != chat:
             self._renamed[self._key] = chat
         key = conversation_key([*messages, ChatMessage("assistant", reply)])
@@ -98,3 +98,7 @@ class ServedChats:
     def close(self) -> None:
         if self.history is not None:
             self.history.close()
+
+
+def _stored(messages: Sequence[ChatMessage], now: float) -> list[StoredMessage]:
+    return [StoredMessage(0, 0, m.role, m.content, now) for m in messages]

@@ -12,8 +12,10 @@ either prints ``ok`` or dies; the parent is never at risk.
 
 The answer is remembered per build (``build_key``: the native libraries' names, sizes and
 modification times) in ``<user state dir>/amx-probe.json``, so the probe runs once per build.
-Only a clear answer is remembered: a child that printed ``ok``, or one killed by a signal. A
-probe that fails another way (a timeout, an import error) counts as unsafe for this start only.
+Only a clear answer is remembered: a child that printed ``ok``, or one the kernel stopped for
+what the AMX kernels do wrong (SIGILL, SIGSEGV, SIGBUS). A probe that fails another way (a
+timeout, an import error, another signal such as the out-of-memory killer's SIGKILL) counts as
+unsafe for this start only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +42,7 @@ PROBE_MODEL_VERSION = 1
 PROBE_VERSION = 2  # what a verdict means (2: the tiles released between two batches)
 _TILERELEASE_RET = bytes([0xC4, 0xE2, 0x78, 0x49, 0xC0, 0xC3])  # tilerelease; ret
 PROBE_TIMEOUT_S = 60.0
+KERNEL_CRASHES = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS})
 _EMBED, _FFN, _HEADS, _VOCAB = 64, 128, 2, 64  # multiples of 32: AMX's Q8_0 tiles take them
 _PROBE_BATCH = 16  # a batch of 2+ tokens takes the tile kernels (one token a VNNI path)
 
@@ -145,7 +149,7 @@ def run_probe(model: Path, timeout_s: float = PROBE_TIMEOUT_S,
         return Verdict.UNKNOWN
     if result.returncode == 0 and result.stdout.strip().endswith("ok"):
         return Verdict.SAFE
-    return Verdict.CRASHES if result.returncode < 0 else Verdict.UNKNOWN
+    return Verdict.CRASHES if -result.returncode in KERNEL_CRASHES else Verdict.UNKNOWN
 
 
 def amx_is_safe(library_dir: Path) -> bool:

@@ -13,6 +13,7 @@ logits as a fresh evaluation of the same sequence.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -106,8 +107,12 @@ class Backend(Protocol):
         """A digest of the full token list; equal fingerprints mean the same vocabulary."""
         ...
 
-    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
-        """Apply the model's chat template (with the assistant generation prompt) and tokenize."""
+    def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
+                    cancel: threading.Event | None = None) -> list[int]:
+        """Apply the model's chat template (with the assistant generation prompt) and tokenize:
+        control tokens come from the template's markup only, every content is plain text
+        (``chatapp.backends.prompt_parts``). ``PromptOverLimit`` as soon as the prompt is known
+        to pass ``limit`` tokens; ``PromptCancelled`` once ``cancel`` is set."""
         ...
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:

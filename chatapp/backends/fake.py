@@ -9,6 +9,7 @@ which perturbs the table so that some drafts are rejected. Tokens 29 and 30 are 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from chatapp.backends.base import ModelFacts
 from chatapp.backends.chat_template import TemplateMessage
+from chatapp.backends.prompt_parts import ControlTokens, PromptPart, assemble
 from chatapp.backends.threads import FixedThreads, ThreadChoice
 
 STOP_ID = 0
@@ -75,11 +77,16 @@ class FakeBackend(ModelFacts):
         pieces = [self.token_bytes(i) for i in range(self._vocab_size)]
         return hashlib.sha256(b"\0".join(pieces)).hexdigest()
 
-    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
-        """The fake's one format; ``has_chat_template=False`` reports it as the fallback."""
+    def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
+                    cancel: threading.Event | None = None) -> list[int]:
+        """The fake's one format ("role: content" lines, no control token); as the protocol
+        says for ``limit`` and ``cancel``. ``has_chat_template=False`` reports it as the
+        fallback."""
         self.uses_fallback_template = not self._has_chat_template
-        text = "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant: "
-        return self.tokenize(text)
+        parts = [part for m in messages for part in (
+            PromptPart(f"{m.role}: ", False), PromptPart(m.content, True), PromptPart("\n", False))]
+        parts.append(PromptPart("assistant: ", False))
+        return assemble(parts, ControlTokens({}), self.tokenize, limit, cancel)
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         if len(self._cache) + len(tokens) > self._n_ctx:

@@ -26,14 +26,17 @@ the child.
 from __future__ import annotations
 
 import enum
+import fcntl
 import hashlib
 import math
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,15 +247,47 @@ def prepared_sha256(source: Path, layout: Layout) -> str | None:
 
 def prepare_layout(source: Path, layout: Layout, progress: ProgressCallback | None = None,
                    threads: int | None = None) -> Path:
-    """The layout's file, made from ``source`` first if needed (see the module notes)."""
+    """The layout's file, made from ``source`` first if needed (see the module notes). Two
+    processes preparing the same layout take turns (a lock file beside it): the second finds
+    it prepared. ``LayoutError`` for anything that fails, a file operation included."""
     path = prepared_path(source, layout)
     if prepared_sha256(source, layout) is not None:
         return path
-    private_dir(path.parent)
-    expected = estimated_size(source, layout)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.unlink(missing_ok=True)  # left by a preparation that was killed
-    check_disk_space(path.parent, expected)
+    try:
+        private_dir(path.parent)
+        expected = estimated_size(source, layout)
+        check_disk_space(path.parent, expected)
+        with _locked(path):
+            if prepared_sha256(source, layout) is None:
+                _prepare(source, path, layout, expected, progress, threads)
+    except OSError as error:
+        raise LayoutError(f"Preparing the {layout.name} layout of {source.name} failed: "
+                          f"{error.strerror or error} ({error.filename or path.parent}). Set "
+                          "layout = \"shipped\" in the config file (or --layout shipped) to run "
+                          "the shipped files.") from None
+    return path
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold the lock of ``path``'s preparation (waiting for another process's)."""
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prepare(source: Path, path: Path, layout: Layout, expected: int,
+             progress: ProgressCallback | None, threads: int | None) -> None:
+    """(Under the lock.) Make ``path`` (about ``expected`` bytes) in a partial file of its own,
+    then record its sha256."""
+    for stale in path.parent.glob(f".{path.name}.*.partial"):
+        stale.unlink(missing_ok=True)  # left by a preparation that was killed
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    partial = Path(name)
     try:
         _quantize_in_child(source, partial, layout, expected, progress, threads)
         digest = _sha256(partial)
@@ -261,7 +296,6 @@ def prepare_layout(source: Path, layout: Layout, progress: ProgressCallback | No
     finally:
         partial.unlink(missing_ok=True)
     write_private(_marker(path), _marker_text(path, digest, layout).encode())
-    return path
 
 
 def _quantize_in_child(source: Path, out: Path, layout: Layout, expected: int,

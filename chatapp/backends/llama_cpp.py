@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ from chatapp.backends.base import BackendError, ModelFacts
 from chatapp.backends.chat_template import TemplateMessage, render_chat
 from chatapp.backends.gguf_file import check_gguf_file
 from chatapp.backends.machine_load import CpuSample, others_busy_cores
+from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts
 from chatapp.backends.threads import AdaptiveThreads, available_cores, make_thread_choice
 
 _SEQ = 0  # the one sequence id this backend uses
@@ -93,6 +95,7 @@ class LlamaCppBackend(ModelFacts):
             raise
         self._cache: list[int] = []
         self._fingerprint: str | None = None
+        self._controls: ControlTokens | None = None
         self._piece_buf = ctypes.create_string_buffer(64)
         self.uses_fallback_template = False
 
@@ -220,14 +223,31 @@ class LlamaCppBackend(ModelFacts):
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
-        """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent or broken), tokenize it
-        with control tokens parsed. Sets ``uses_fallback_template``."""
-        text, self.uses_fallback_template = render_chat(
-            self._meta("tokenizer.chat_template"), messages,
-            self._token_text(self._lib.llama_vocab_bos(self._vocab)),
-            self._token_text(self._lib.llama_vocab_eos(self._vocab)))
-        return self.tokenize(text, special=True)
+    def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
+                    cancel: threading.Event | None = None) -> list[int]:
+        """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent or broken) and
+        tokenize it, control tokens from the template's markup only (``assemble``: see the
+        protocol for ``limit`` and ``cancel``). Sets ``uses_fallback_template``."""
+        self._require_open()
+        parts, self.uses_fallback_template = template_parts(self._render_chat, messages)
+        return assemble(parts, self._control_tokens(), self.tokenize, limit, cancel)
+
+    def _render_chat(self, messages: Sequence[TemplateMessage]) -> tuple[str, bool]:
+        return render_chat(self._meta("tokenizer.chat_template"), messages,
+                           self._token_text(self._lib.llama_vocab_bos(self._vocab)),
+                           self._token_text(self._lib.llama_vocab_eos(self._vocab)))
+
+    def _control_tokens(self) -> ControlTokens:
+        """The tokens llama.cpp's control-token parsing finds in text (control, user-defined
+        and unknown ones), by their text (cached)."""
+        if self._controls is None:
+            lib, vocab = self._lib, self._vocab
+            kinds = (lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_USER_DEFINED
+                     | lib.LLAMA_TOKEN_ATTR_UNKNOWN)
+            self._controls = ControlTokens({
+                self.token_bytes(t).decode("utf-8", "replace"): t
+                for t in range(self._vocab_size) if lib.llama_vocab_get_attr(vocab, t) & kinds})
+        return self._controls
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Append ``tokens`` to the cache; return float32 logits (n_logits, vocab_size) predicted

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,6 +38,7 @@ import numpy as np
 from chatapp.backends.base import BackendError
 from chatapp.backends.chat_template import TemplateMessage
 from chatapp.backends.endpoints import Endpoint
+from chatapp.backends.prompt_parts import PromptCancelled, PromptOverLimit
 from chatapp.backends.rpc import ABORT_CALLBACK, ggml, probe, probe_all, require_rpc
 
 _ALL_LAYERS = -1  # n_gpu_layers: every layer and the output go to the listed devices
@@ -98,8 +100,15 @@ class RemoteTarget:
     def vocab_fingerprint(self) -> str:
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
-        tokens, self.uses_fallback_template = self._call("chat_prompt", list(messages))
+    def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
+                    cancel: threading.Event | None = None) -> list[int]:
+        """As the protocol says; ``cancel`` is seen before the worker starts, not during."""
+        if cancel is not None and cancel.is_set():
+            raise PromptCancelled()
+        tokens, self.uses_fallback_template, over = self._call("chat_prompt", list(messages),
+                                                              limit)
+        if over is not None:
+            raise PromptOverLimit(over, limit or 0)
         return tokens
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
@@ -247,9 +256,15 @@ class _Worker:
     def tokenize(self, text: str, special: bool) -> list[int]:
         return self._loaded().tokenize(text, special)
 
-    def chat_prompt(self, messages: list[TemplateMessage]) -> tuple[list[int], bool]:
-        tokens = self._loaded().chat_prompt(messages)
-        return tokens, self.backend.uses_fallback_template
+    def chat_prompt(self, messages: list[TemplateMessage], limit: int | None
+                    ) -> tuple[list[int], bool, int | None]:
+        """The prompt, whether the fallback template made it, and (instead of the prompt) how
+        many tokens it had when it passed ``limit``."""
+        try:
+            tokens = self._loaded().chat_prompt(messages, limit)
+        except PromptOverLimit as over:
+            return [], self.backend.uses_fallback_template, over.tokens
+        return tokens, self.backend.uses_fallback_template, None
 
     def evaluate(self, tokens: list[int], n_logits: int) -> np.ndarray:
         return self._loaded().evaluate(tokens, n_logits)

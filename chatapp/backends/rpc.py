@@ -242,13 +242,17 @@ def server_devices(names: Sequence[str]) -> list[Device]:
     return accelerators or [d for d in available if lib.dev_type(d.pointer) == _DEVICE_TYPE_CPU]
 
 
-def check_server_host(host: str) -> None:
-    """ggml's server binds an IPv4 address given as digits (it uses ``inet_addr``)."""
+def check_server_host(host: str, unauthenticated_network: bool = False) -> None:
+    """ggml's server binds an IPv4 address given as digits (it uses ``inet_addr``); one off
+    loopback only with ``unauthenticated_network`` (the protocol has no authentication)."""
     try:
-        ipaddress.IPv4Address(host)
+        address = ipaddress.IPv4Address(host)
     except ValueError:
         raise BackendError(f"--host must be an IPv4 address of this machine, like 127.0.0.1 or "
                            f"0.0.0.0 (all), got {host!r}.") from None
+    if not address.is_loopback and not unauthenticated_network:
+        raise BackendError(f"specchat rpc-server listens on {host} only with "
+                           f"--unauthenticated-network. {SECURITY_NOTE}")
 
 
 def serve(endpoint: Endpoint, threads: int, devices: Sequence[Device]) -> None:
@@ -261,10 +265,12 @@ def serve(endpoint: Endpoint, threads: int, devices: Sequence[Device]) -> None:
     start(str(endpoint).encode(), None, threads, len(devices), pointers)
 
 
-def serve_command(host: str, port: int, threads: int | None, device_names: list[str]) -> int:
+def serve_command(host: str, port: int, threads: int | None, device_names: list[str],
+                  unauthenticated_network: bool = False) -> int:
     """`specchat rpc-server`: ggml's RPC server loop on ``host:port``, in the foreground until
-    killed (Ctrl-C); 1 when it could not listen."""
-    check_server_host(host)
+    killed (Ctrl-C); 1 when it could not listen. An address off loopback needs
+    ``unauthenticated_network`` (``check_server_host``)."""
+    check_server_host(host, unauthenticated_network)
     require_rpc()
     endpoint = Endpoint(host, port)
     devices = server_devices(device_names)

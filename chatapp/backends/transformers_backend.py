@@ -30,6 +30,7 @@ import inspect
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +51,7 @@ from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
 from chatapp.backends.chat_template import TemplateMessage, render_chat  # noqa: E402
 from chatapp.backends.gguf_file import is_gguf  # noqa: E402
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
+from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
 
 _KEY_PREFIX_BYTES = 1 << 20
@@ -141,12 +143,20 @@ class TransformersBackend(ModelFacts):
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
-    def chat_prompt(self, messages: Sequence[TemplateMessage]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
+                    cancel: threading.Event | None = None) -> list[int]:
         """The tokenizer's chat template with the generation prompt, tokenized with control tokens
-        parsed. Without a template (or if it fails) ChatML is used and ``uses_fallback_template``
-        is set."""
-        text, self.uses_fallback_template = self._render_chat(messages)
-        return self.tokenize(text, special=True)
+        from the template's markup only (``assemble``: see the protocol for ``limit`` and
+        ``cancel``). Without a template (or if it fails) ChatML is used and
+        ``uses_fallback_template`` is set."""
+        parts, self.uses_fallback_template = template_parts(self._render_chat, messages)
+        return assemble(parts, self._control_tokens(), self.tokenize, limit, cancel)
+
+    def _control_tokens(self) -> ControlTokens:
+        """The tokenizer's special added tokens, by their text."""
+        decoder = self._live_tokenizer().added_tokens_decoder
+        return ControlTokens({added.content: token for token, added in decoder.items()
+                              if added.special})
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Append ``tokens`` to the cache; return float32 logits (n_logits, vocab_size) predicted

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.errors import UserFacingError
+from chatapp.user_files import FileTooLarge, NotRegularFile, read_regular
 
 # Larger files are refused before reading: no context window specchat runs with holds them.
 MAX_BYTES = 4 * 1024 * 1024
@@ -101,16 +102,15 @@ def read_attachment(path: str, folder: Path | None = None) -> Attachment:
         raise AttachmentError(f"{path} is a folder: attach the files in it one by one.")
     if not where.exists():
         raise AttachmentError(f"There is no file {where}: check the path.")
-    if not where.is_file():
-        raise AttachmentError(f"{path} is not a regular file: attach a text file.")
     try:
-        with where.open("rb") as file:
-            data = file.read(MAX_BYTES + 1)
+        data = read_regular(where, MAX_BYTES)
+    except NotRegularFile:
+        raise AttachmentError(f"{path} is not a regular file: attach a text file.") from None
+    except FileTooLarge:
+        raise AttachmentError(f"{path} is over {MAX_BYTES // 2**20} MiB, more than any context "
+                              "window holds: attach the part that matters.") from None
     except OSError as error:
         raise AttachmentError(f"{path} cannot be read: {error.strerror or error}.") from None
-    if len(data) > MAX_BYTES:
-        raise AttachmentError(f"{path} is over {MAX_BYTES // 2**20} MiB, more than any context "
-                              "window holds: attach the part that matters.")
     try:
         if b"\0" in data:
             raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), len(data), "NUL byte")

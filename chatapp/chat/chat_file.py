@@ -38,6 +38,8 @@ FORMAT = "specchat-chat"
 VERSION = 1
 ROLES = ("system", "user", "assistant")
 FINISH_REASONS = tuple(ending.value for ending in Ending)
+MAX_NUMBER = 1e15  # times (Unix seconds), counts and durations are far below it
+MAX_FILE_BYTES = 64 * 1024 * 1024  # the largest chat file ``chats import`` reads
 
 
 class ChatFileError(UserFacingError, ValueError):
@@ -69,12 +71,14 @@ def _message_json(message: StoredMessage) -> dict[str, Any]:
 def chat_from_json(text: str) -> tuple[ChatSummary, list[StoredMessage]]:
     """The chat (id and counts 0) and its messages (ids 0) in the file's text ``text``.
 
-    Raises ``ChatFileError`` for text that is not JSON, another format, another version, or a
-    field missing or of the wrong type (naming the message and the field)."""
+    Raises ``ChatFileError`` for text that is not JSON, another format, another version, a
+    field missing or of the wrong type, a number out of range or a text that is not Unicode
+    (a lone surrogate), naming the message and the field; never anything else."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as error:
         raise ChatFileError(f"it is not JSON ({error})") from None
+    _check_texts(data)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ChatFileError(f'it is not a specchat chat (no "format": "{FORMAT}")')
     version = data.get("version")
@@ -168,12 +172,15 @@ def _stats(data: Any, where: str) -> TurnStats | None:
     if data is None:
         return None
     wrong = ChatFileError(f'{where} has "stats" that are not a turn\'s statistics')
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(data.get("per_position_accepted", []), list):
         raise wrong
-    stats = TurnStats.from_json(data)
+    try:
+        stats = TurnStats.from_json(data)
+    except TypeError:
+        raise wrong from None
     figures = asdict(stats)
     numbers = list(figures.pop("per_position_accepted")) + list(figures.values())
-    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+    if not all(_in_range(n) for n in numbers):
         raise wrong
     return stats
 
@@ -190,6 +197,38 @@ def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...],
 
 def _number(data: dict[str, Any], name: str, where: str = "the chat") -> float:
     value = _field(data, name, (int, float), where)
-    if isinstance(value, bool) or not math.isfinite(value):
-        raise ChatFileError(f'{where} has a "{name}" that is not a number')
+    if not _in_range(value):
+        raise ChatFileError(f'{where} has a "{name}" that is not a number within '
+                            f"±{MAX_NUMBER:.0e}")
     return float(value)
+
+
+def _in_range(value: Any) -> bool:
+    """A number (no bool) that is finite and within ``MAX_NUMBER`` of 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return -MAX_NUMBER <= value <= MAX_NUMBER and not math.isnan(value)
+
+
+def _check_texts(data: Any) -> None:
+    """Refuse a text (a value or a key) that is not valid Unicode (JSON's ``\\ud800``: a lone
+    surrogate, which the history cannot store), naming where it is."""
+    stack: list[tuple[Any, str]] = [(data, "the chat")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ChatFileError(f"{where} holds a text that is not valid Unicode (a lone "
+                                    "surrogate)") from None
+        elif isinstance(value, dict):
+            stack.extend((key, f"{where}, a key") for key in value)
+            stack.extend((item, f'{where}, "{_shown_key(key)}"') for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}, item {number}")
+                         for number, item in enumerate(value, 1))
+
+
+def _shown_key(key: str) -> str:
+    return key.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")[:40]

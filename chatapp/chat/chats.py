@@ -146,8 +146,8 @@ class SavedChats:
                mark: tuple[str, str] = ("", "")) -> list[SearchHit]:
         """The messages of every chat holding every word of ``text`` (a word may be the start
         of a longer one), the best match first; each matching word of a hit's snippet is put
-        between the ``mark`` strings."""
-        return self._require().search(text, limit, mark)
+        between the ``mark`` strings. A damaged search index raises ``ChatsError``."""
+        return self._act("search", self._require().search, text, limit, mark)
 
     def export(self, chat_id: int, export_format: str) -> str:
         """Chat ``chat_id`` as text in ``export_format`` (one of ``EXPORT_FORMATS``)."""

@@ -343,11 +343,10 @@ class Conversation:
         if turn.saved or self.history is None or turn.chat_id is None:
             return entry
         turn.saved = True
-        if turn.replaces is not None and turn.replaces.message_id is not None:
-            self.chats.write(self.history.delete_message, turn.replaces.message_id)
+        replaced = turn.replaces.message_id if turn.replaces is not None else None
         entry.message_id = self.chats.write(
             self.history.add_message, turn.chat_id, "assistant", turn.text, runs=turn.pieces,
-            finish_reason=finish_reason, stats=stats, meta=turn.meta)
+            finish_reason=finish_reason, stats=stats, meta=turn.meta, replacing=replaced)
         return entry
 
     # -- replay at K = 0 ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from chatapp.user_files import (
 
 Runs = list[tuple[str, TokenSource]]
 
+BUSY_TIMEOUT_MS = 5000  # how long a write waits for another process's write lock
 _WAL_TRIES = 50  # switching to WAL while another instance creates the file: 50 x 0.1 s
 _WAL_RETRY_S = 0.1
 
@@ -125,15 +126,26 @@ class HistoryStore:
         try:
             create_private_file(self.path)
             self._db = sqlite3.connect(self.path, isolation_level=None)
-            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             self._use_wal()
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
+        except sqlite3.OperationalError as error:
+            if not _is_lock(error):
+                raise self._unopenable(error) from None
+            raise self._busy() from None
         except (OSError, sqlite3.Error) as error:
-            raise HistoryError(
-                f"The chat history at {self.path} cannot be opened ({error}). Check that the "
-                "folder is writable, or move the file away to start a fresh history."
-            ) from None
+            raise self._unopenable(error) from None
+
+    def _unopenable(self, error: Exception) -> HistoryError:
+        return HistoryError(
+            f"The chat history at {self.path} cannot be opened ({error}). Check that the "
+            "folder is writable, or move the file away to start a fresh history.")
+
+    def _busy(self) -> HistoryError:
+        return HistoryError(
+            f"The chat history at {self.path} is being written by another specchat (it waited "
+            f"{BUSY_TIMEOUT_MS / 1000:g} s for it): try again once that one is done.")
 
     def _use_wal(self) -> None:
         """Switch to WAL. The switch needs the file to itself and SQLite does not wait for it
@@ -156,23 +168,38 @@ class HistoryStore:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        """Bring the schema up to date under the write lock, so that two instances opening a
-        new history at once do not both create it."""
+        """Bring the schema up to date. A history that is up to date is opened without the
+        write lock (another instance may hold it); a migration takes it and reads the version
+        again, so that two instances opening a new history at once do not both create it."""
+        self._check_version()
+        if self.schema_version == SCHEMA_VERSION:
+            return
         with self._transaction():
-            version = self.schema_version
-            if version > SCHEMA_VERSION:
-                raise HistoryError(
-                    f"The chat history at {self.path} was written by a newer specchat (schema "
-                    f"{version}, this one knows {SCHEMA_VERSION}). Upgrade specchat to open it."
-                )
+            version = self._check_version()
             for number in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[number]:
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {number + 1}")
 
+    def _check_version(self) -> int:
+        """The schema version; ``HistoryError`` when a newer specchat wrote it."""
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                f"The chat history at {self.path} was written by a newer specchat (schema "
+                f"{version}, this one knows {SCHEMA_VERSION}). Upgrade specchat to open it.")
+        return version
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One write transaction; ``HistoryError`` when another process kept the write lock
+        past the busy timeout."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            if _is_lock(error):
+                raise self._busy() from None
+            raise
         try:
             yield self._db
         except BaseException:
@@ -230,16 +257,29 @@ class HistoryStore:
                     runs: Sequence[tuple[str, TokenSource]] | None = None,
                     finish_reason: str | None = None, stats: TurnStats | None = None,
                     meta: dict[str, Any] | None = None, now: float | None = None,
-                    attachments: Sequence[Attachment] = ()) -> int:
+                    attachments: Sequence[Attachment] = (), replacing: int | None = None) -> int:
         """Append a message (its turn statistics and attachments, if any) to a chat; returns its
-        id."""
+        id. ``replacing``: a message deleted first, in the same transaction (a regenerated
+        reply)."""
         now = time.time() if now is None else now
         message = StoredMessage(0, chat_id, role, content, now, list(runs) if runs is not None
                                 else None, finish_reason, stats, meta or {}, tuple(attachments))
         with self._transaction() as db:
+            if replacing is not None:
+                db.execute("DELETE FROM messages WHERE id = ?", (replacing,))
             message_id = self._insert_message(db, chat_id, message)
             db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             return message_id
+
+    def append_messages(self, chat_id: int, messages: Sequence[StoredMessage],
+                        now: float | None = None) -> None:
+        """Append ``messages`` (their ids and chat ids ignored) to chat ``chat_id``, all in one
+        transaction; it was last used ``now``."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            for message in messages:
+                self._insert_message(db, chat_id, message)
+            db.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
 
     @staticmethod
     def _insert_message(db: sqlite3.Connection, chat_id: int, message: StoredMessage) -> int:
@@ -357,6 +397,11 @@ class HistoryStore:
         text = chat_markdown(chat, self.messages(chat_id))
         write_private(path, text.encode("utf-8"))
         return path
+
+
+def _is_lock(error: sqlite3.OperationalError) -> bool:
+    """SQLite gave up waiting for another connection's lock."""
+    return "locked" in str(error) or "busy" in str(error)
 
 
 def _settings_json(settings: ChatSettings | None) -> str | None:

@@ -26,11 +26,14 @@ from typing import Protocol
 from chatapp.chat.message import ChatMessage
 from chatapp.engine.loop import ContextOverflowError
 from chatapp.errors import UserFacingError
+from chatapp.text_budget import PromptOverLimit
 
 # The room kept for a reply is at least this many tokens (unless its max_tokens is smaller).
 MIN_REPLY_ROOM = 64
 
-Render = Callable[[Sequence[ChatMessage]], list[int]]  # messages -> prompt tokens (the template)
+# messages -> prompt tokens through the template; with a limit, ``PromptOverLimit`` as soon as the
+# prompt is known to pass it (``chatapp.text_budget``: the work stops there)
+Render = Callable[[Sequence[ChatMessage], int | None], list[int]]
 
 
 def reply_room(max_tokens: int, n_ctx: int) -> int:
@@ -56,9 +59,12 @@ class PromptPlan:
 class PromptTooLongError(UserFacingError):
     """The request's messages leave no room for a reply in the context window."""
 
-    def __init__(self, prompt_tokens: int, n_ctx: int, room: int) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, room: int, at_least: bool = False
+                 ) -> None:
+        """``at_least``: the work stopped once ``prompt_tokens`` passed the limit."""
         super().__init__(
-            f"The messages are {prompt_tokens} tokens with the chat template, and the context "
+            f"The messages are {'more than ' if at_least else ''}{prompt_tokens} tokens with "
+            "the chat template, and the context "
             f"window holds {n_ctx} with at least {room} kept for the reply. Send fewer or "
             "shorter messages, or start the server with a larger --n-ctx.")
         self.prompt_tokens = prompt_tokens
@@ -101,8 +107,12 @@ class TrimOldest:
         found: dict[int, list[int]] = {}
 
         def fits(start: int) -> bool:
-            found[start] = render(self.with_system(system_prompt, history[start:]))
-            return len(found[start]) <= prompt_room
+            try:
+                found[start] = render(self.with_system(system_prompt, history[start:]),
+                                      prompt_room)
+            except PromptOverLimit:
+                return False
+            return True
 
         low, high = 0, len(starts) - 1
         if not fits(starts[high]):
@@ -121,11 +131,14 @@ class TrimOldest:
         if plan is not None:
             return plan
         newest = [m for m in messages if m.role != "system"][-1:]
-        tokens = render(self.with_system(system_prompt, newest))
+        try:
+            size = f"{len(render(self.with_system(system_prompt, newest), n_ctx))} tokens"
+        except PromptOverLimit as over:
+            size = f"more than {over.tokens} tokens"
         raise ContextOverflowError(
-            f"Your message is {len(tokens)} tokens with the chat template, and the context window "
-            f"holds {n_ctx} with {room} kept for the reply. Shorten the message, or start "
-            "specchat with a larger --n-ctx.")
+            f"Your message is {size} with the chat template, and the context window holds "
+            f"{n_ctx} with {room} kept for the reply. Shorten the message, or start specchat "
+            "with a larger --n-ctx.")
 
 
 class RefuseTooLong:
@@ -136,10 +149,13 @@ class RefuseTooLong:
         sent = list(messages)
         if system_prompt and not any(m.role == "system" for m in sent):
             sent.insert(0, ChatMessage("system", system_prompt))
-        tokens = render(sent)
-        if len(tokens) + room > n_ctx:
-            raise PromptTooLongError(len(tokens), n_ctx, room)
-        return PromptPlan(tokens)
+        limit = n_ctx - room
+        if len(sent) > limit:  # a token each at least: refused before any tokenization
+            raise PromptTooLongError(len(sent), n_ctx, room, at_least=True)
+        try:
+            return PromptPlan(render(sent, limit))
+        except PromptOverLimit as over:
+            raise PromptTooLongError(over.tokens, n_ctx, room, at_least=True) from None
 
 
 TRIM_OLDEST = TrimOldest()

@@ -27,6 +27,7 @@ from chatapp.chat.prompt import (
     TRIM_OLDEST,
     PromptPlan,
     PromptRules,
+    Render,
     fallback_template_note,
     reply_room,
 )
@@ -36,6 +37,7 @@ from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
 from chatapp.engine.stats import TurnStats
 from chatapp.policy.fixed import FixedDraftLength
+from chatapp.text_budget import plain_tokens
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,12 @@ class ChatSession:
     def has_drafter(self) -> bool:
         return self._engine.drafter is not None
 
-    def tokenize(self, text: str) -> list[int]:
-        """``text``'s tokens in the target's vocabulary (no special tokens)."""
-        return self._engine.target.tokenize(text)
+    def tokenize(self, text: str, limit: int | None = None,
+                 cancel: threading.Event | None = None) -> list[int]:
+        """``text``'s tokens in the target's vocabulary, as plain text (no control token);
+        ``PromptOverLimit`` as soon as they are known to pass ``limit``, ``PromptCancelled``
+        once ``cancel`` is set (``chatapp.text_budget``)."""
+        return plain_tokens(text, self._engine.target.tokenize, limit, cancel)
 
     # -- settings -------------------------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class ChatSession:
     def prompt(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The chat prompt of ``messages`` (their system messages left out) after the system
         prompt, through the target's chat template."""
-        return self._render(TRIM_OLDEST.with_system(self._system_prompt, messages))
+        return self._renderer(None)(TRIM_OLDEST.with_system(self._system_prompt, messages))
 
     def message_tokens(self, text: str) -> int:
         """The length of the prompt that holds the system prompt and the user message ``text``
@@ -146,7 +151,8 @@ class ChatSession:
         """The chat prompt of ``messages`` with the fewest oldest turns left out so that it and
         ``reply_room`` fit (``TrimOldest.fit``); None when even the newest message alone does
         not."""
-        return TRIM_OLDEST.fit(self._render, self._system_prompt, messages, self.prompt_room)
+        return TRIM_OLDEST.fit(self._renderer(None), self._system_prompt, messages,
+                               self.prompt_room)
 
     # -- the reply pipeline ---------------------------------------------------------------------
 
@@ -158,7 +164,7 @@ class ChatSession:
         the plan with the reply's event stream, drafted with ``policy`` and ``hints``; setting
         ``cancel`` ends the reply after the step under way."""
         settings = self._settings_with(overrides)
-        plan = rules.plan(self._render, self._system_prompt, messages, self.n_ctx,
+        plan = rules.plan(self._renderer(cancel), self._system_prompt, messages, self.n_ctx,
                           reply_room(settings.max_tokens, self.n_ctx))
         plan = replace(plan, fallback_template=self._engine.target.uses_fallback_template,
                        note=self._fallback_note())
@@ -171,8 +177,8 @@ class ChatSession:
         ``max_tokens`` tokens at most, sampling from a generator seeded as this session's was:
         its final statistics, None when ``cancel`` stopped it. The session's own generator is
         left alone, so later replies are as they would have been."""
-        plan = TRIM_OLDEST.plan(self._render, self._system_prompt, messages, self.n_ctx,
-                                self.reply_room)
+        plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
+                                self.n_ctx, self.reply_room)
         settings = replace(self._settings, max_tokens=max_tokens)
         rng = np.random.default_rng(self._seed)
         for event in self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
@@ -181,8 +187,12 @@ class ChatSession:
                 return None if cancel.is_set() else event.stats
         return None
 
-    def _render(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self._engine.target.chat_prompt(messages)
+    def _renderer(self, cancel: threading.Event | None) -> Render:
+        """The target's chat template, its tokenization stopped once ``cancel`` is set."""
+        def render(messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
+            return self._engine.target.chat_prompt(messages, limit, cancel)
+
+        return render
 
     def _settings_with(self, overrides: ReplyOverrides) -> GenerationSettings:
         base = self._settings

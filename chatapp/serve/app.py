@@ -11,6 +11,8 @@ Every request first passes the guard (``chatapp.serve.guard``); every refusal is
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -24,9 +26,13 @@ from chatapp.api.exchange import (
     ExchangeEvent,
     ExchangeResult,
     ExchangeStarted,
+    PredictionTooLongError,
+    PromptCancelled,
     PromptTooLongError,
     ReplyDelta,
 )
+from chatapp.errors import UserFacingError
+from chatapp.serve.connections import Connections
 from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
 from chatapp.serve.guard import Guard
 from chatapp.serve.metrics import CONTENT_TYPE, ServeMetrics
@@ -42,6 +48,10 @@ from chatapp.serve.schemas import ChatCompletionRequest
 from chatapp.serve.worker import Closing, EngineWorker, JobStream, QueueFull
 
 MAX_BODY = 16 * 1024 * 1024  # a request with a long conversation and a prediction
+BODY_TIMEOUT_S = 30.0  # how long a request body may take to arrive
+LARGE_BODY = 1024 * 1024  # larger bodies are read a few at a time
+INTERNAL_ERROR = "specchat serve failed on this request (a bug): its log says more."
+log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -49,13 +59,15 @@ class ApiServer:
     """The routes over one loaded ``exchange``; ``models``: the model id, then its aliases."""
 
     def __init__(self, exchange: ChatExchange, worker: EngineWorker, guard: Guard,
-                 models: Sequence[str]) -> None:
+                 models: Sequence[str], connections: Connections | None = None) -> None:
         self.exchange = exchange
+        self.connections = connections or Connections()
         self.worker = worker
         self.guard = guard
         self.models = tuple(models)
         self.created = int(time.time())
         self.metrics = ServeMetrics(lambda: worker.waiting, lambda: float(worker.busy))
+        self._reading = 0  # large request bodies being read
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._guarded], client_max_size=MAX_BODY)
@@ -70,6 +82,7 @@ class ApiServer:
     @web.middleware
     async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The guard's checks, CORS, and every error as OpenAI's JSON."""
+        self.connections.seen(request.transport)
         origin = request.headers.get("Origin")
         try:
             self.guard.check(request.method, request.headers)
@@ -81,6 +94,11 @@ class ApiServer:
             response = error.response()
         except web.HTTPException as error:
             response = _http_error(error)
+        except UserFacingError as error:  # the models failed: say what to do
+            response = server_error(f"The reply failed: {error}").response()
+        except Exception:  # noqa: BLE001 (a bug: logged once, answered without internals)
+            log.exception("specchat serve: %s %s failed", request.method, request.path)
+            response = server_error(INTERNAL_ERROR).response()
         if not response.prepared:
             response.headers.update(self.guard.cors_headers(origin))
         self.metrics.answered(request.path if request.path in _ENDPOINTS else "other",
@@ -106,10 +124,7 @@ class ApiServer:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = ChatCompletionRequest.model_validate_json(await request.read())
-        except ValidationError as error:
-            raise from_validation(error) from None
+        body = await self._read_body(request)
         if body.model not in self.models:
             raise _unknown_model(body.model)
         exchange_request = body.exchange()
@@ -121,15 +136,36 @@ class ApiServer:
                     return await self._stream(request, body, job, pending)
                 return await self._whole(job, pending)
         except QueueFull as full:
-            raise ApiError(429, "specchat serve makes one reply at a time and its queue is "
-                           f"full: retry in {full.retry_after} s.", type="rate_limit_error",
-                           code="queue_full",
-                           headers={"Retry-After": str(full.retry_after)}) from None
-        except Closing:
+            raise _queue_full(full.retry_after) from None
+        except (Closing, PromptCancelled):
             raise server_error("specchat serve is stopping.", "server_stopping", 503) from None
         except PromptTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
                            param="messages") from None
+        except PredictionTooLongError as error:
+            raise ApiError(400, str(error), code="context_length_exceeded",
+                           param="prediction") from None
+
+    async def _read_body(self, request: web.Request) -> ChatCompletionRequest:
+        """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown
+        length) is read only while fewer large ones are being read than the worker could take
+        (one running, the queue): else 429 at once, so that memory stays bounded. A body that
+        takes more than ``BODY_TIMEOUT_S`` to arrive gets 408."""
+        length = request.content_length
+        large = length is None or length > LARGE_BODY
+        if large and self._reading > self.worker.max_waiting:
+            raise _queue_full(self.worker.retry_after())
+        self._reading += large
+        try:
+            data = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+            return ChatCompletionRequest.model_validate_json(data)
+        except TimeoutError:
+            raise ApiError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} s.",
+                           code="request_timeout") from None
+        except ValidationError as error:
+            raise from_validation(error) from None
+        finally:
+            self._reading -= large
 
     async def _whole(self, job: JobStream[ExchangeEvent],
                      pending: list[ExchangeEvent]) -> web.Response:
@@ -169,8 +205,11 @@ class ApiServer:
             pass  # the client went away: leaving the job block cancels the reply
         except ApiError as error:
             await response.write(sse(error.body()))
-        except Exception as error:  # noqa: BLE001 (the models failed mid-reply: say so)
+        except UserFacingError as error:  # the models failed mid-reply: say what to do
             await response.write(sse(server_error(f"The reply failed: {error}").body()))
+        except Exception:  # noqa: BLE001 (a bug: logged once, told without internals)
+            log.exception("specchat serve: a streamed reply failed")
+            await response.write(sse(server_error(INTERNAL_ERROR).body()))
         return response
 
 
@@ -225,6 +264,12 @@ async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
     if pieces:
         await response.write(chunks.content(pieces))
     return result
+
+
+def _queue_full(retry_after: int) -> ApiError:
+    return ApiError(429, "specchat serve makes one reply at a time and its queue is full: retry "
+                    f"in {retry_after} s.", type="rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(retry_after)})
 
 
 def _unknown_model(ident: str) -> ApiError:

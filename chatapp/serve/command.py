@@ -1,8 +1,10 @@
 """`specchat serve`: load the models, listen, answer until Ctrl+C or SIGTERM, then stop cleanly.
 
 Stopping: new requests are refused (503), the waiting ones are answered with an error, the reply
-being made stops after its step (its client gets an error: the reply was cut short), the models
-are closed, and the command exits with status 0.
+being made stops after its step, or its prompt's tokenization stops (its client gets an error:
+the reply was cut short), the models are closed, and the command exits with status 0. Whatever
+it is doing, it exits within ``STOP_DEADLINE_S`` of the signal (status 1 when it had to cut
+short a step or a load that cannot be interrupted).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +22,14 @@ from aiohttp import web
 
 from chatapp.api.exchange import ChatExchange, SessionFactory, open_exchange
 from chatapp.serve.app import ApiServer
+from chatapp.serve.connections import Connections, LimitedSite
 from chatapp.serve.guard import API_KEY_ENV, Guard, UnsafeAddress, bind_address, check_exposure
 from chatapp.serve.worker import EngineWorker
 from chatapp.settings.config import Config
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-SHUTDOWN_GRACE_S = 10.0  # how long open connections have to finish once the replies stopped
+SHUTDOWN_GRACE_S = 2.0  # how long open connections have to finish once the replies stopped
+STOP_DEADLINE_S = 4.5  # from the stop signal to the exit, whatever the server is doing
 
 
 @dataclass(frozen=True)
@@ -95,12 +100,31 @@ def serve_command(config: Config, options: ServeOptions,
         sock.close()
 
 
+def _exit_by(deadline_s: float) -> None:
+    """End the process ``deadline_s`` from now if it is still running then (loading the models,
+    or in a step that cannot be interrupted): the exit status is 1, the models are not closed."""
+    def force() -> None:
+        print(f"specchat serve: not stopped within {deadline_s:g} s (the models were busy); "
+              "exiting without closing them", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(deadline_s, force)
+    timer.daemon = True
+    timer.start()
+
+
 async def _serve(config: Config, options: ServeOptions, api_key: str | None,
                  sock: socket.socket, factory: SessionFactory | None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def stopping() -> None:
+        if not stop.is_set():
+            stop.set()
+            _exit_by(STOP_DEADLINE_S)
+
     for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, stopping)
     worker = EngineWorker(options.queue)
     exchange: ChatExchange = await worker.call(open_exchange, config, _progress, options.save,
                                                factory)
@@ -109,11 +133,13 @@ async def _serve(config: Config, options: ServeOptions, api_key: str | None,
         print(f"note: {note}", file=sys.stderr)
     host, port = sock.getsockname()[:2]
     guard = Guard(host, port, api_key, options.cors)
-    server = ApiServer(exchange, worker, guard, model_ids(config))
+    connections = Connections()
+    server = ApiServer(exchange, worker, guard, model_ids(config), connections)
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
-                           handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+                           handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           keepalive_timeout=connections.keepalive_s)
     await runner.setup()
-    await web.SockSite(runner, sock).start()
+    await LimitedSite(runner, sock, connections).start()
     shown = f"[{host}]" if ":" in host else host
     print(f"specchat serve: http://{shown}:{port}/v1 (model {server.models[0]}; Ctrl+C stops)",
           flush=True)

@@ -9,7 +9,8 @@
 - A request that carries an ``Origin`` (a browser page's) is refused (403) unless that origin was
   allowed with ``--cors``; an allowed one gets the CORS headers, and its preflight is answered.
 - With a key, every request but a CORS preflight needs ``Authorization: Bearer KEY``, compared
-  in constant time (401).
+  in constant time (401). A header that is not UTF-8 is compared as its bytes, and a ``Host``
+  port that is not 1 to 5 ASCII digits matches no port: no header makes the guard raise.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ def _split_host(header: str) -> tuple[str, int | None]:
         end = header.find("]")
         name, rest = header[1:end], header[end + 1:]
         if rest.startswith(":"):
-            port = int(rest[1:]) if rest[1:].isdigit() else -1
+            port = _port(rest[1:])
     elif header.count(":") == 1:
         name, text = header.split(":")
-        port = int(text) if text.isdigit() else -1
+        port = _port(text)
     return name.lower(), port
+
+
+def _port(text: str) -> int:
+    """A ``Host`` header's port: 1 to 5 ASCII digits, else -1 (no port matches it)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 5 else -1
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ class Guard:
         given = get("Authorization") or ""
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode("utf-8"), self.api_key.encode("utf-8")):
+                token.strip().encode("utf-8", "surrogatepass"),
+                self.api_key.encode("utf-8", "surrogatepass")):
             raise ApiError(401, "Incorrect or missing API key: send Authorization: Bearer KEY.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 

@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from chatapp.api.exchange import ChatMessage, ExchangeRequest
 from chatapp.serve.errors import UNSUPPORTED
+from chatapp.settings.options import MAX_SEED
 
 MAX_STOPS = 4
 PART_FEATURES = {"image_url": "images", "input_audio": "audio inputs", "file": "files"}
@@ -117,7 +118,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None

@@ -51,7 +51,7 @@ class JobStream(Generic[T]):
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
-        self.turn: asyncio.Future[None] | None = None  # the job on the models' thread
+        self.turn: asyncio.Future[Any] | None = None  # the job on the models' thread
 
     async def turn_over(self) -> None:
         """Wait until the models' thread has ended this job's turn: from then on the worker is
@@ -92,7 +92,7 @@ class EngineWorker:
         self._busy = False
         self._closing = False
         self._cancel: threading.Event | None = None
-        self._running: asyncio.Future[None] | None = None
+        self._running: asyncio.Future[Any] | None = None
         self._durations: deque[float] = deque(maxlen=RECENT_JOBS)
 
     @property
@@ -112,8 +112,13 @@ class EngineWorker:
     async def job(self, produce: Callable[[threading.Event], Iterator[T]]
                   ) -> AsyncIterator[JobStream[T]]:
         """Run ``produce(cancel)`` on the models' thread once it is this request's turn; the
-        block reads its items from the stream. Raises ``QueueFull`` or ``Closing``."""
+        block reads its items from the stream. Raises ``QueueFull`` or ``Closing`` (also when
+        the turn came as the server began to stop: the models may be closed already). The end of
+        the job, or its error, reaches the stream only once the models' thread is free."""
         await self._acquire()
+        if self._closing:
+            self._release(None)
+            raise Closing()
         loop = asyncio.get_running_loop()
         stream: JobStream[T] = JobStream()
         cancel = threading.Event()
@@ -125,7 +130,13 @@ class EngineWorker:
 
         running = loop.run_in_executor(self._executor, _drive, produce, cancel, put)
         self._running = stream.turn = running
-        running.add_done_callback(lambda _: self._release(loop.time() - started))
+
+        def ended(turn: asyncio.Future[BaseException | None]) -> None:
+            self._release(loop.time() - started)
+            error = None if turn.cancelled() else (turn.exception() or turn.result())
+            stream.put(_END if error is None else _Failed(error))
+
+        running.add_done_callback(ended)
         try:
             yield stream
         finally:
@@ -192,12 +203,12 @@ class EngineWorker:
 
 
 def _drive(produce: Callable[[threading.Event], Iterator[Any]], cancel: threading.Event,
-           put: Callable[[Any], None]) -> None:
-    """(The models' thread.) Every item of ``produce(cancel)``, then the end (or the error)."""
+           put: Callable[[Any], None]) -> BaseException | None:
+    """(The models' thread.) Put every item of ``produce(cancel)``; the error it raised, if
+    any (the job's end is put on the event loop once the thread is free)."""
     try:
         for item in produce(cancel):
             put(item)
     except BaseException as error:  # noqa: BLE001 (handed to the request's handler)
-        put(_Failed(error))
-        return
-    put(_END)
+        return error
+    return None

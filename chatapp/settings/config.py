@@ -36,13 +36,14 @@ from chatapp.settings.presets import (
     presets_from_table,
     unknown_preset,
 )
-from chatapp.user_files import config_dir
+from chatapp.user_files import config_dir, read_regular
 
 
 class ConfigError(UserFacingError, ValueError):
     """A setting is invalid; the message says where and how to fix it."""
 
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a config file is a few hundred bytes; larger is a mistake
 # Fields whose change needs the models loaded again.
 RELOAD_FIELDS = ("target", "draft", "backend", "draft_backend", "drafter", "n_ctx", "threads",
                  "gpu_layers", "device", "dtype", "rpc", "tensor_split")
@@ -149,14 +150,27 @@ def default_config_path() -> Path:
 
 
 def load_config(path: Path | None = None) -> Config:
+    """The settings of the TOML file ``path`` (default: the user config file; missing: the
+    defaults); ``ConfigError`` naming the file (and the line) for anything it cannot use: a
+    file that is not a regular UTF-8 file of at most ``MAX_CONFIG_BYTES``, bad TOML, an
+    unknown key or a bad value."""
     path = path or default_config_path()
     if not path.is_file():
         return Config()
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = read_regular(path, MAX_CONFIG_BYTES).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: the file is not UTF-8 text (byte {error.start}). Save it "
+                          "as UTF-8.") from None
+    except OSError as error:
+        raise ConfigError(f"{path} cannot be read: {error.strerror or error}.") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: {error}. Fix the TOML syntax there.") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: values are nested too deeply to read. Fix the TOML "
+                          "there.") from None
     return config_from_table(data, path, text)
 
 

@@ -147,11 +147,9 @@ def _top_level(text: str, path: Path) -> tuple[list[_Statement], int]:
             raise ConfigError(f"{path}, line {text.count(chr(10), 0, pos) + 1}: only "
                               f"'key = value' lines and comments can be updated here.")
         key = next(group for group in key_match.groups() if group is not None)
-        value_end = None
-        for candidate in _VALUE_END_CANDIDATES.finditer(text, key_match.end()):
-            if _parses_alone(text[pos:candidate.start()]):
-                value_end = candidate.start()
-                break
+        value_end: int | None = _value_end(text, key_match.end())
+        if not _parses_alone(text[pos:value_end]):
+            value_end = _first_end_that_parses(text, pos, key_match.end())
         if value_end is None:
             if not _parses_alone(text[pos:]):
                 raise ConfigError(f"{path}, line {text.count(chr(10), 0, pos) + 1}: the value of "
@@ -167,6 +165,58 @@ def _top_level(text: str, path: Path) -> tuple[list[_Statement], int]:
         found.append(_Statement(key, pos, key_match.end(), stripped_end, line_end))
         pos = line_end
     return found, len(text)
+
+
+def _first_end_that_parses(text: str, pos: int, value_start: int) -> int | None:
+    """The first '#' or line break after ``value_start`` before which the statement at ``pos``
+    parses alone (one parse per candidate: only for what ``_value_end`` misreads)."""
+    for candidate in _VALUE_END_CANDIDATES.finditer(text, value_start):
+        if _parses_alone(text[pos:candidate.start()]):
+            return candidate.start()
+    return None
+
+
+def _value_end(text: str, start: int) -> int:
+    """Where the TOML value at ``start`` ends: its first '#' or line break outside its strings
+    and brackets (``len(text)``: the end of the text). One pass: a long multi-line string costs
+    no more than its length."""
+    depth, i = 0, start
+    while i < len(text):
+        char = text[i]
+        if char in "\"'":
+            i = _string_end(text, i)
+            continue
+        if char == "#":
+            if depth == 0:
+                return i
+            newline = text.find("\n", i)  # a comment inside an array
+            i = len(text) if newline < 0 else newline
+            continue
+        if char in "\r\n" and depth == 0:
+            return i
+        depth += (char in "[{") - (char in "]}")
+        i += 1
+    return len(text)
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index after the TOML string that starts at ``start`` (basic or literal, one-line or
+    multi-line; a one-line string left open ends at its line's end)."""
+    quote = text[start] * 3 if text.startswith(text[start] * 3, start) else text[start]
+    i = start + len(quote)
+    while i < len(text):
+        if quote[0] == '"' and text[i] == "\\":
+            i += 2
+            continue
+        if text.startswith(quote, i):
+            end = i + len(quote)
+            while len(quote) == 3 and end < len(text) and text[end] == quote[0] and end - i < 5:
+                end += 1  # a multi-line string may end with one or two quotes of its own
+            return end
+        if len(quote) == 1 and text[i] in "\r\n":
+            return i
+        i += 1
+    return len(text)
 
 
 def _parses_alone(statement: str) -> bool:

@@ -29,6 +29,7 @@ DRAFTERS = ("model", "ngram", "ngram+model")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LAYOUTS = ("auto", "shipped", "fast")
 OVERFLOWS = ("drop-oldest", "refuse")  # what a turn that would not fit the context does
+MAX_SEED = 2**64 - 1  # the random generators take any seed from 0 up; this bounds the number
 DEFAULT_RPC_PORT = DEFAULT_PORT  # `specchat rpc-server --port`: the CLI imports no backend
 
 
@@ -156,7 +157,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("temperature", float, at_least(0)),
     Option("top_k", int, at_least(0, "(0 = off)")),
     Option("top_p", float, Rule("in (0, 1]", lambda value: 0 < value <= 1)),
-    Option("seed", int),
+    Option("seed", int, Rule(f"in 0..{MAX_SEED}", lambda value: 0 <= value <= MAX_SEED)),
     Option("max_tokens", int, at_least(1)),
     Option("system_prompt", str),
     Option("n_ctx", int, at_least(64)),

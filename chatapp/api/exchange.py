@@ -167,7 +167,7 @@ class ChatExchange:
         step under way (finish reason "cancelled"), or stops the tokenization of its prompt or
         prediction with ``PromptCancelled``."""
         predicted = self._predicted(request, cancel)
-        chat, hints = self.served.hints(request.messages, predicted)
+        chat, hints = self.served.hints(request.messages, predicted or ())
         plan, events = self.session.reply(request.messages, self.policy, rules=REFUSE_TOO_LONG,
                                           overrides=request.overrides, hints=hints,
                                           cancel=cancel)
@@ -204,13 +204,13 @@ class ChatExchange:
         if result.finish_reason is not Ending.CANCELLED:
             self.policy.remember(policy_setting(self.config))
 
-    def _predicted(self, request: ExchangeRequest, cancel: threading.Event) -> tuple[int, ...]:
-        """The predicted output's tokens (plain text; none without one);
+    def _predicted(self, request: ExchangeRequest, cancel: threading.Event) -> list[int] | None:
+        """The predicted output's tokens (plain text; None without one);
         ``PredictionTooLongError`` as soon as they are known not to fit the context window."""
         if not request.prediction:
-            return ()
+            return None
         try:
-            return tuple(self.session.tokenize(request.prediction, self.session.n_ctx, cancel))
+            return self.session.tokenize(request.prediction, self.session.n_ctx, cancel)
         except PromptOverLimit:
             raise PredictionTooLongError(self.session.n_ctx) from None
 

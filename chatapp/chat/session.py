@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from chatapp.backends.chat_template import ChatMessage
+from chatapp.chat.engine_time import EngineClock
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.engine.contracts import DraftPolicy
 from chatapp.engine.events import DoneEvent, Event
@@ -154,16 +155,17 @@ class ChatSession:
         return plan, self.engine.generate(plan.tokens, self.settings, self.rng, policy, cancel)
 
     def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
-                     cancel: threading.Event) -> TurnStats | None:
+                     cancel: threading.Event, clock: EngineClock | None = None
+                     ) -> TurnStats | None:
         """Decode the reply to ``messages`` with the target alone (K = 0), ``max_tokens`` tokens
         at most, sampling from a generator seeded as this session's was: its final statistics,
         None when ``cancel`` stopped it. The session's own generator is left alone, so later
-        replies are as they would have been."""
+        replies are as they would have been. ``clock`` times the stream's holding."""
         plan = self.plan_prompt(messages)
         settings = replace(self.settings, max_tokens=max_tokens)
         rng = np.random.default_rng(self.seed)
-        for event in self.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
-                                          cancel):
+        events = self.engine.generate(plan.tokens, settings, rng, FixedDraftLength(0), cancel)
+        for event in (clock or EngineClock()).follow(events):
             if isinstance(event, DoneEvent):
                 return None if cancel.is_set() else event.stats
         return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from chatapp.backends.chat_template import ChatMessage
 from chatapp.chat.attachments import Attachment, message_text
+from chatapp.chat.engine_time import ENGINE_BASIS, SHOWN_BASIS, EngineClock
 from chatapp.chat.history import StoredMessage
 from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
 from chatapp.engine.loop import GenerationSettings
@@ -61,6 +62,18 @@ class ChatEntry:
         data = self.meta.get("replay")
         return ReplayStats.from_json(data) if data else None
 
+    @property
+    def engine_decode_tps(self) -> float | None:
+        """A reply's decode rate in the engine (``EngineClock``); None for a reply saved before
+        it was measured."""
+        rate = self.meta.get("engine_decode_tps")
+        return float(rate) if rate is not None else None
+
+    @property
+    def replay_basis(self) -> str:
+        """What the replay's speedup compares (see ``engine_time``)."""
+        return ENGINE_BASIS if self.engine_decode_tps is not None else SHOWN_BASIS
+
 
 @dataclass(frozen=True)
 class PlanEvent:
@@ -93,6 +106,7 @@ class Turn:
     pieces: list[Piece] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
     _stats: TurnStats = field(default_factory=TurnStats, init=False)  # the latest figures
+    clock: EngineClock = field(default_factory=EngineClock)  # the stream's holding (``stream``)
     finish_reason: str | None = None
     not_sent: bool = False  # the message did not fit the context: nothing was generated
     saved: bool = False

@@ -434,5 +434,6 @@ class ChatView(Vertical):
         elif message.result is None:
             self.notify("Replay stopped.", timeout=3)
         else:
-            self.notify(message.result.summary(), title="Replay at K 0", timeout=10)
+            self.notify(f"{message.result.summary()} ({message.job.entry.replay_basis})",
+                        title="Replay at K 0", timeout=10, markup=False)
         self._changed()

@@ -175,7 +175,7 @@ class Run:
         return self.ui_cpu_s / self.tokens * rate
 
 
-async def _wait(predicate: Callable[[], bool], timeout: float = 300.0) -> None:
+async def _wait(predicate: Callable[[], bool], timeout: float = 1800.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

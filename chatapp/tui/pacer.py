@@ -24,11 +24,6 @@ class Pacer:
         self._last = -interval_s
         self._timer: Timer | None = None
 
-    @property
-    def waiting(self) -> bool:
-        """Whether a run is due (asked for and not run yet)."""
-        return self._timer is not None
-
     def ask(self) -> None:
         if self._timer is not None:
             return

@@ -1,8 +1,10 @@
 """A reply's decode rate in the engine: the engine's own clock runs while the consumer of its
 stream holds an event (a front end showing the reply, a replay checking for the end), so its
 figures count that time too. ``EngineClock`` measures the holding, and the decode rate without
-it is what the engine alone took: the same basis for a reply shown in the app and for its replay
-at K = 0, which nothing shows (F8 compares the two)."""
+it is what the engine took: the same basis for a reply shown in the app and for its replay at
+K = 0, which nothing shows (F8 compares the two). What the app's drawing takes from the CPU beside
+the engine is not held time: it stays in the reply's figure (the app keeps it small: see
+``chatapp.tui.chat_view``)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.stats import TurnStats
 
 # What the stats panel says of a replay's speedup, by whether the reply was measured so.
-ENGINE_BASIS = ("both decode rates measured in the engine: the time the app spent showing the "
-                "reply is left out")
+ENGINE_BASIS = ("both decode rates measured in the engine, without the time the app held the "
+                "stream to show the reply; the CPU its drawing took beside the engine still counts")
 SHOWN_BASIS = ("the reply's decode rate as measured while the app showed it (a reply of an "
                "earlier version), the replay's without: rendering counts against speculation")
 

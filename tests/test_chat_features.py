@@ -5,6 +5,7 @@ Fake backends (fast, deterministic); each test fails if the feature it names bre
 
 from __future__ import annotations
 
+from chatapp.chat.engine_time import ENGINE_BASIS
 from chatapp.chat.history import HistoryStore
 from chatapp.engine.events import TokenEvent
 from chatapp.engine.stats import TurnStats
@@ -108,6 +109,8 @@ async def test_f8_replays_the_reply_at_k0_and_keeps_the_speedup(tui_make_app):
         assert len(target.evaluate_calls) - calls_before >= replay.tokens
         panel = app.stats_panel.body.render().plain
         assert "plain replay:" in panel and "speculation:" in panel and "speedup" in panel
+        assert ENGINE_BASIS in panel  # what the two rates compare
+        assert replay.speculative_tps == reply.entry.engine_decode_tps
         assert reply.plain == text  # the reply itself stays as it was
         assert stored(app)[1].meta["replay"] == replay.to_json()
         assert stored(app)[1].content == text and len(stored(app)) == 2

@@ -30,6 +30,7 @@ from typing import Any
 from chatapp.chat.attachments import Attachment, message_text
 from chatapp.chat.chats import SavedChats
 from chatapp.chat.context import ContextUse, check_message, check_room, measure
+from chatapp.chat.engine_time import EngineClock
 from chatapp.chat.history import HistoryStore
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_settings import generation_settings, policy_setting
@@ -257,7 +258,7 @@ class Conversation:
             turn.not_sent = True
             raise
         yield PlanEvent(len(plan.tokens), plan.dropped_messages, plan.note)
-        yield from events
+        yield from turn.clock.follow(events)
 
     def run(self, turn: Turn, on_event: Callable[[ChatEvent], None] | None = None) -> ChatEntry:
         """Stream ``turn`` on this thread: every event is applied to the turn, then handed to
@@ -338,6 +339,7 @@ class Conversation:
 
     def _save_reply(self, turn: Turn, finish_reason: Ending, stats: TurnStats) -> ChatEntry:
         turn.meta["k"] = turn.k_use().to_json()
+        turn.meta["engine_decode_tps"] = turn.clock.decode_tokens_per_s(stats)
         entry = ChatEntry("assistant", turn.text, None, list(turn.pieces), stats, finish_reason,
                           turn.meta)
         if turn.saved or self.history is None or turn.chat_id is None:
@@ -361,18 +363,23 @@ class Conversation:
         if is_target_only(entry.stats):
             raise ChatActionError("This reply was decoded at K = 0 already: it is the baseline.")
         index = self.entries.index(entry)
-        job = ReplayJob(entry, self.messages[:index], entry.stats.tokens,
-                        decode_tokens_per_s(entry.stats))
+        speculative_tps = entry.engine_decode_tps
+        if speculative_tps is None:  # saved before replies were measured in the engine
+            speculative_tps = decode_tokens_per_s(entry.stats)
+        job = ReplayJob(entry, self.messages[:index], entry.stats.tokens, speculative_tps)
         self.replaying = job
         return job
 
     def run_replay(self, job: ReplayJob) -> ReplayStats | None:
         """(Worker thread.) Decode ``job``'s prompt with the target alone; None if stopped. The
-        session's random generator is left alone, so later replies are as they would have been."""
-        stats = self._require_session().decode_alone(job.messages, job.tokens, job.cancel)
+        session's random generator is left alone, so later replies are as they would have been.
+        Its decode rate is the engine's, as the reply's is (``EngineClock``: neither counts the
+        time their consumer held the stream)."""
+        clock = EngineClock()
+        stats = self._require_session().decode_alone(job.messages, job.tokens, job.cancel, clock)
         if stats is None:
             return None
-        return ReplayStats(decode_tokens_per_s(stats), job.speculative_tps, stats.tokens)
+        return ReplayStats(clock.decode_tokens_per_s(stats), job.speculative_tps, stats.tokens)
 
     def end_replay(self, job: ReplayJob, result: ReplayStats | None) -> None:
         """The replay is over: keep its measurement with the reply's statistics."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from chatapp.chat.engine_time import EngineClock
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import (
     TRIM_OLDEST,
@@ -172,17 +173,19 @@ class ChatSession:
         return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints)
 
     def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
-                     cancel: threading.Event) -> TurnStats | None:
+                     cancel: threading.Event, clock: EngineClock | None = None
+                     ) -> TurnStats | None:
         """Decode the reply to ``messages`` (the chat's prompt) with the target alone (K = 0),
         ``max_tokens`` tokens at most, sampling from a generator seeded as this session's was:
         its final statistics, None when ``cancel`` stopped it. The session's own generator is
-        left alone, so later replies are as they would have been."""
+        left alone, so later replies are as they would have been. ``clock`` times the stream's
+        holding."""
         plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
                                 self.n_ctx, self.reply_room)
         settings = replace(self._settings, max_tokens=max_tokens)
         rng = np.random.default_rng(self._seed)
-        for event in self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0),
-                                           cancel):
+        events = self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0), cancel)
+        for event in (clock or EngineClock()).follow(events):
             if isinstance(event, DoneEvent):
                 return None if cancel.is_set() else event.stats
         return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chatapp.chat.attachments import Attachment, message_text
+from chatapp.chat.engine_time import ENGINE_BASIS, SHOWN_BASIS, EngineClock
 from chatapp.chat.history import StoredMessage
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_values import DraftLengthUse, Ending, k_text
@@ -63,6 +64,18 @@ class ChatEntry:
         data = self.meta.get("replay")
         return ReplayStats.from_json(data) if data else None
 
+    @property
+    def engine_decode_tps(self) -> float | None:
+        """A reply's decode rate in the engine (``EngineClock``); None for a reply saved before
+        it was measured."""
+        rate = self.meta.get("engine_decode_tps")
+        return float(rate) if rate is not None else None
+
+    @property
+    def replay_basis(self) -> str:
+        """What the replay's speedup compares (see ``engine_time``)."""
+        return ENGINE_BASIS if self.engine_decode_tps is not None else SHOWN_BASIS
+
 
 @dataclass(frozen=True)
 class PlanEvent:
@@ -95,6 +108,7 @@ class Turn:
     pieces: list[Piece] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
     _stats: TurnStats = field(default_factory=TurnStats, init=False)  # the latest figures
+    clock: EngineClock = field(default_factory=EngineClock)  # the stream's holding (``stream``)
     finish_reason: Ending | None = None
     not_sent: bool = False  # the message did not fit the context: nothing was generated
     saved: bool = False

@@ -4,9 +4,12 @@ streaming into the list (the live turn).
 ``ChatView`` owns what the user reads and types. It asks its conversation (``chat``) for every
 turn (``begin``, ``regenerate``, ``edit``), runs ``chat.stream`` in a worker thread that posts the
 events in one ``ReplyEvents`` per speculation step (never per character), applies them to the
-turn on the UI thread (``Turn.apply``: the one path every front end takes), renders what they
-added, and ends the turn through the conversation (``finish`` / ``fail``). Views follow the
-conversation's messages (``MessageList.sync``).
+turn on the UI thread as they come (``Turn.apply``: the one path every front end takes), and ends
+the turn through the conversation (``finish`` / ``fail``). What they added is shown at a pace, not
+per step (the engine decodes on the same CPU): the text at most ``FRAMES_PER_S`` times a second,
+the figures (the reply's header, and through ``Changed`` the status line and the stats panel) at
+most ``FIGURES_PER_S``; all of it at once when the turn ends. Views follow the conversation's
+messages (``MessageList.sync``).
 
 The app calls its methods (what the keys do, ``open_chat``, ``models_loaded``) and hears from it
 through messages: ``ChatView.Changed`` when a turn, a replay, an edit or the chat shown started or
@@ -32,19 +35,22 @@ from chatapp.chat.context import ContextFullError
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.events import StepEvent
 from chatapp.chat.mentions import read_mentions
-from chatapp.chat.turns import ChatEntry, ChatEvent, Piece, PlanEvent, ReplayJob, Turn
+from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 from chatapp.errors import UserFacingError
 from chatapp.tui.chat_input import ChatInput
 from chatapp.tui.errors import describe_error
 from chatapp.tui.loading import ModelLoader, SessionFactory
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.messages import ReplayDone, ReplyEvents, ReplyFailed, post_reply
+from chatapp.tui.pacer import Pacer
 from chatapp.tui.token_text import Legend
 from chatapp.tui.widgets import MessageView, Note
 
 WELCOME = ("Ask anything. The small draft model proposes tokens, the target verifies them: each "
            "token is coloured by where it came from (legend below). ctrl+↑/ctrl+↓ change the "
            "draft length K while a reply streams, F2 shows the statistics, F1 all keys.")
+FRAMES_PER_S = 12  # the most a streaming reply's text is shown again, per second
+FIGURES_PER_S = 2  # the same for its figures: the header, the status line, the stats panel
 
 
 class ChatView(Vertical):
@@ -69,6 +75,11 @@ class ChatView(Vertical):
         self.pending: str | None = None
         self.editing: ChatEntry | None = None
         self._text_before_edit = ""
+        self._unshown: list[ChatEvent] = []  # the live turn's events applied, not shown yet
+        self._shown_pieces = 0  # how many of the live turn's pieces its view shows
+        self._live: Turn | None = None  # the turn those two are about
+        self._text_pace = Pacer(self, 1 / FRAMES_PER_S, self._show_unshown)
+        self._figures_pace = Pacer(self, 1 / FIGURES_PER_S, self._show_figures)
 
     def compose(self) -> ComposeResult:
         yield MessageList(id="conversation")
@@ -255,38 +266,63 @@ class ChatView(Vertical):
         post_reply(self.chat.stream(turn), turn, self.post_message, lambda: worker.is_cancelled)
 
     def on_reply_events(self, message: ReplyEvents) -> None:
-        """Apply the events to their turn, show what they added, and end the turn through the
-        conversation once it is done."""
+        """Apply the events to their turn, show what they added (at the pace, see the module
+        docstring), and end the turn through the conversation once it is done."""
         turn = message.turn
-        running = self.app.is_running
-        view = self.message_list.view_of(turn) if running else None
-        shown = len(turn.pieces)
+        if turn is not self._live:
+            self._live, self._unshown, self._shown_pieces = turn, [], 0
         for event in message.events:
             turn.apply(event)
-        if view is not None:
-            self._show_events(view, turn, message.events, turn.pieces[shown:])
+        self._unshown += message.events
+        running = self.app.is_running
         if turn.done:
+            if running:
+                self._show_unshown()
+            self._end_live()
             entry = self.chat.finish(turn)
             if not running:  # quitting: it is saved, leave the widgets alone
                 return
+            view = self.message_list.view_of(turn)
             if view is not None:
                 view.finish(entry)
             self._changed()
+        elif running:
+            self._text_pace.ask()
 
-    def _show_events(self, view: MessageView, turn: Turn, events: list[ChatEvent],
-                     pieces: list[Piece]) -> None:
-        """Show a batch of ``turn``'s events, already applied, in its ``view``: the plan's
-        notes, the new ``pieces``, and after a step the header (and a ``Changed``)."""
+    def _show_unshown(self) -> None:
+        """Show the live turn's events not shown yet: the plan's notes and the new pieces (the
+        figures follow at their own pace)."""
+        turn, events = self._live, self._unshown
+        self._unshown = []
+        view = self.message_list.view_of(turn) if turn is not None else None
+        if view is None:
+            return
         for event in events:
             if isinstance(event, PlanEvent):
                 self._show_plan(view, event)
-        stepped = any(isinstance(event, StepEvent) for event in events)
-        if pieces or stepped:
-            view.k_label = turn.k_label()
+        pieces = turn.pieces[self._shown_pieces:]
+        self._shown_pieces += len(pieces)
+        if pieces:
             view.append(pieces)
-            view.update_header(turn.stats())
-        if stepped:
-            self.post_message(self.Changed(step=True))
+        if pieces or any(isinstance(event, StepEvent) for event in events):
+            self._figures_pace.ask()
+
+    def _show_figures(self) -> None:
+        """The live turn's figures as of its latest step: its header, and (``Changed``) the
+        status line and the stats panel."""
+        turn = self._live
+        view = self.message_list.view_of(turn) if turn is not None else None
+        if view is None:
+            return
+        view.k_label = turn.k_label()
+        view.update_header(turn.stats())
+        self.post_message(self.Changed(step=True))
+
+    def _end_live(self) -> None:
+        """The live turn ended: nothing of it waits to be shown any more."""
+        self._text_pace.cancel()
+        self._figures_pace.cancel()
+        self._live, self._unshown, self._shown_pieces = None, [], 0
 
     def _show_plan(self, view: MessageView, plan: PlanEvent) -> None:
         """What the user should know about the prompt: messages left out, a template note."""
@@ -298,6 +334,10 @@ class ChatView(Vertical):
     def on_reply_failed(self, message: ReplyFailed) -> None:
         turn = message.turn
         running = self.app.is_running
+        if turn is self._live:
+            if running:
+                self._show_unshown()
+            self._end_live()
         view = self.message_list.view_of(turn) if running else None
         kept = self.chat.fail(turn)
         if not running:
@@ -394,5 +434,6 @@ class ChatView(Vertical):
         elif message.result is None:
             self.notify("Replay stopped.", timeout=3)
         else:
-            self.notify(message.result.summary(), title="Replay at K 0", timeout=10)
+            self.notify(f"{message.result.summary()} ({message.job.entry.replay_basis})",
+                        title="Replay at K 0", timeout=10, markup=False)
         self._changed()

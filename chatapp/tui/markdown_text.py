@@ -10,7 +10,8 @@ either copied from the text, one for one, or drawn for a marker it replaces (``â
 ``â–Œ`` for ``>``, the rule's line): drawn characters take the provenance of their marker.
 
 Incremental: ``append`` renders each completed block once and keeps it; only the blocks that
-later text may still change (the last, or the last two: see ``open_from``) are rendered again.
+later text may still change (the last, or the last two: see ``open_from``) are rendered again,
+and only their text is kept to be read again (``source``).
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ class MarkdownRenderer:
 
     def __init__(self, styles: MarkdownStyles) -> None:
         self.styles = styles
-        self.source = ""  # the text as it may be shown (see ``Printable``)
+        self.source = ""  # the open blocks' text, as it may be shown (see ``Printable``)
+        self._offset = 0  # where ``source`` starts in the whole reply's shown text
         self.provenance = Provenance()
         self.closed = Text(end="")  # the blocks that no later text changes
         self._printable = Printable()
-        self._open_start = 0
         self._open = Text(end="")
         self._text: Text | None = None
         self._lexers: dict[str, Lexer | None] = {}
@@ -120,7 +121,7 @@ class MarkdownRenderer:
             shown = self._printable(text)
             self.source += shown
             self.provenance.add(len(shown), source)
-        blocks = split_blocks(self.source, self._open_start)
+        blocks = split_blocks(self.source)
         keep = open_from(blocks, self.source)
         self._open = Text(end="")
         completed = []
@@ -131,7 +132,8 @@ class MarkdownRenderer:
                 completed.append(rendered)
             else:
                 self._open.append_text(rendered)
-        self._open_start = keep
+        self.source = self.source[keep:]
+        self._offset += keep
         self._text = None
         return completed
 
@@ -168,12 +170,13 @@ class MarkdownRenderer:
             if piece.style is not None:
                 spans.append(Span(position, position + length, piece.style))
             if piece.at is not None:
-                runs = self.provenance.runs(piece.at, piece.at + (1 if piece.drawn else length))
+                at = self._offset + piece.at
+                runs = self.provenance.runs(at, at + (1 if piece.drawn else length))
                 for start, end, source in runs:
                     if piece.drawn:
-                        start, end = piece.at, piece.at + length
-                    self._tint(tints, tint_sources, position + start - piece.at,
-                               position + end - piece.at, source)
+                        start, end = at, at + length
+                    self._tint(tints, tint_sources, position + start - at,
+                               position + end - at, source)
             position += length
         return Text("".join(parts), spans=spans + tints, end="")
 

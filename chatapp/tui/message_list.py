@@ -153,8 +153,10 @@ class MessageList(VerticalScroll, can_focus=True):
         replies = [v for v in self.views if v.role == "assistant"]
         number = replies.index(view) + 1 if view in replies else len(replies)
         stats = view.turn.stats() if view.live and view.turn is not None else view.stats
+        entry = view.entry
         return stats, TurnInfo(f"Turn {number}", view.k_label, view.finish_reason, view.live,
-                               view.target_rpc, view.entry.replay if view.entry else None)
+                               view.target_rpc, entry.replay if entry else None,
+                               entry.replay_basis if entry else "")
 
     def _copy_view(self) -> MessageView | None:
         """The selected message, else the last reply."""

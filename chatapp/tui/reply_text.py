@@ -13,6 +13,7 @@ from textual.widget import Widget
 from chatapp.chat.events import TokenSource
 from chatapp.tui.markdown_inline import InlineStyles
 from chatapp.tui.markdown_text import MarkdownRenderer, MarkdownStyles
+from chatapp.tui.repaint import repaint
 from chatapp.tui.token_text import TOKEN_CLASSES, join_runs
 
 # The component classes of the Markdown's look (see specchat.tcss).
@@ -22,7 +23,7 @@ SYNTAX_THEMES = {True: "monokai", False: "default"}  # by whether the app's them
 
 
 class ReplyPart(Widget):
-    """A piece of the shown reply: some completed blocks, or the blocks still open."""
+    """A piece of the shown reply: some completed blocks, or a part of the blocks still open."""
 
     DEFAULT_CSS = "ReplyPart { height: auto; }"
 
@@ -31,8 +32,9 @@ class ReplyPart(Widget):
         self.text = text if text is not None else Text(end="")
 
     def show(self, text: Text) -> None:
+        """Show ``text`` instead (see ``repaint``)."""
         self.text = text
-        self.refresh(layout=True)
+        repaint(self)
 
     def render(self) -> Text:
         text = self.text  # its last line break is the break before the next part
@@ -44,10 +46,13 @@ class ReplyText(Widget):
 
     ``append`` renders only what later text may still change (see ``MarkdownRenderer``), and only
     that is shown again: completed blocks go into parts of about ``PART_SIZE`` characters that
-    are laid out and painted once, and the open blocks have a part of their own. Each shown
-    character lies in exactly one span whose style carries ``meta={"token": source}``; with
-    provenance on, that style is the tint of the source's component style ``token--*``. ``runs``
-    hold the text exactly as given; the rendering shows it made safe (``Printable``).
+    are laid out and painted once; the open blocks have two parts of their own, their last line
+    (painted again at every append) and the lines before it (painted again only when they
+    changed, which a new line does; hidden while there are none). Each shown character lies in
+    exactly one span whose style carries ``meta={"token": source}``; with provenance on, that
+    style is the tint of the source's component style ``token--*``. ``runs`` hold the text
+    exactly as given; the rendering shows it made safe (``Printable``). Work per append does not
+    grow with the reply: the pieces are kept as they come, joined into runs when asked.
     """
 
     DEFAULT_CSS = "ReplyText { height: auto; layout: vertical; }"
@@ -57,19 +62,27 @@ class ReplyText(Widget):
     def __init__(self, pieces: Iterable[tuple[str, TokenSource]] = (), *,
                  provenance: bool = True, classes: str | None = None) -> None:
         super().__init__(classes=classes)
-        self.runs: list[tuple[str, TokenSource]] = []
+        self._pieces: list[tuple[str, TokenSource]] = []  # as given, empty ones left out
         self.provenance = provenance
         self._renderer: MarkdownRenderer | None = None  # built once mounted (styles: CSS)
         self._parts: list[ReplyPart] = []  # the completed blocks
-        self._open_part = ReplyPart()
-        join_runs(self.runs, pieces)
+        self._open_lines = ReplyPart()  # the open blocks' lines before their last
+        self._open_lines.display = False
+        self._last_line = ReplyPart()
+        self._add(pieces)
 
     def compose(self) -> ComposeResult:
-        yield self._open_part
+        yield self._open_lines
+        yield self._last_line
 
     def on_mount(self) -> None:
         self.app.theme_changed_signal.subscribe(self, self._restyle)
         self._restyle()
+
+    def _add(self, pieces: Iterable[tuple[str, TokenSource]]) -> list[tuple[str, TokenSource]]:
+        added = [(text, source) for text, source in pieces if text]
+        self._pieces += added
+        return added
 
     def _restyle(self, _theme: object = None) -> None:
         """Render everything again, in the styles of now."""
@@ -84,20 +97,40 @@ class ReplyText(Widget):
         for block in completed:
             if not self._parts or len(self._parts[-1].text) >= self.PART_SIZE:
                 self._parts.append(ReplyPart())
-                self.mount(self._parts[-1], before=self._open_part)
+                self.mount(self._parts[-1], before=self._open_lines)
             last = self._parts[-1]
             last.text.append_text(block)
             last.refresh(layout=True)
-        self._open_part.show(self._renderer.open_text)
+        self._show_open(self._renderer.open_text)
+
+    def _show_open(self, text: Text) -> None:
+        """Show the open blocks ``text``: its last shown line in its part, the lines before it
+        in theirs when they changed."""
+        plain = text.plain
+        cut = plain.rfind("\n", 0, len(plain) - 1) + 1  # where the last shown line starts
+        lines = text[:cut]
+        shown = self._open_lines.text
+        if lines.plain != shown.plain or lines.spans != shown.spans:
+            self._open_lines.display = bool(cut)
+            self._open_lines.show(lines)
+        self._last_line.show(text[cut:])
+
+    @property
+    def runs(self) -> list[tuple[str, TokenSource]]:
+        """The text as given, one run per source (see ``join_runs``)."""
+        runs: list[tuple[str, TokenSource]] = []
+        join_runs(runs, self._pieces)
+        return runs
 
     @property
     def plain(self) -> str:
-        return "".join(text for text, _ in self.runs)
+        return "".join(text for text, _ in self._pieces)
 
     @property
     def parts(self) -> list[ReplyPart]:
-        """The parts shown, in order: the completed blocks', then the open blocks'."""
-        return [*self._parts, self._open_part]
+        """The parts shown, in order: the completed blocks', then the open blocks' (the lines
+        before their last, then their last)."""
+        return [*self._parts, self._open_lines, self._last_line]
 
     @property
     def text(self) -> Text:
@@ -114,7 +147,7 @@ class ReplyText(Widget):
                 self._restyle()
 
     def append(self, pieces: Iterable[tuple[str, TokenSource]]) -> None:
-        added = join_runs(self.runs, pieces)
+        added = self._add(pieces)
         if added and self._renderer is not None:
             self._show(self._renderer.append(added))
 

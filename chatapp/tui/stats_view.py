@@ -26,6 +26,7 @@ class TurnInfo:
     live: bool = False
     target_rpc: tuple[str, ...] = ()  # the RPC servers that held the target's layers, if any
     replay: ReplayStats | None = None  # this reply decoded again at K = 0, if the user asked
+    replay_basis: str = ""  # what the replay's speedup compares (``ChatEntry.replay_basis``)
 
 
 def bar(fraction: float, width: int = BAR_WIDTH) -> tuple[str, str]:
@@ -125,7 +126,8 @@ class _Panel:
                  f"{stats.prompt_tokens_per_s:.0f} tok/s" if stats.prompt_s > 0 else "")
         if info.replay is not None:
             line("Speedup", f"{info.replay.speedup:.2f}×", "replayed at K 0")
-            self.text.append(info.replay.summary() + "\n", self.style["muted"])
+            self.text.append(f"{info.replay.summary()} ({info.replay_basis})\n",
+                             self.style["muted"])
         elif is_target_only(stats):
             line("Speedup", "1.00×", "this turn is the target-only baseline")
         elif baseline_tps:

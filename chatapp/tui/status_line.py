@@ -18,6 +18,7 @@ from chatapp.chat.mentions import mentions_to_count
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.loading import ModelLoader
+from chatapp.tui.repaint import repaint
 
 
 def drafter_label(config: Config) -> str:
@@ -67,7 +68,7 @@ class StatusBar(Static):
         text.append(" │ ")
         text.append(*state_text(chat, loader, editing))
         self._parts = (models, text)
-        self.refresh(layout=True)
+        repaint(self)
 
     def render(self) -> Text:
         """The line at the widget's width, the models' names cut first."""

@@ -14,6 +14,7 @@ from chatapp.chat.attachments import Attachment
 from chatapp.chat.events import TokenSource, TurnStats
 from chatapp.chat.terminal_text import printable, printable_line
 from chatapp.chat.turns import ChatEntry, Turn
+from chatapp.tui.repaint import repaint
 from chatapp.tui.reply_text import ReplyText
 from chatapp.tui.stats_view import STYLE_NAMES, TurnInfo, render_stats
 
@@ -98,7 +99,8 @@ class MessageView(Vertical):
     def update_header(self, stats: TurnStats | None = None) -> None:
         if stats is not None:
             self.stats = stats
-        self.header.update(self._header_text())
+        self.header.update(self._header_text(), layout=False)
+        repaint(self.header)
         self._set_state_classes()
 
     def finish(self, entry: ChatEntry) -> None:
@@ -169,7 +171,8 @@ class StatsPanel(VerticalScroll, can_focus=False):
         self.shown = (stats, info)
         styles = {name: self.get_component_rich_style(f"stats--{name}", partial=True)
                   for name in STYLE_NAMES}
-        self.body.update(render_stats(stats, info, baseline_tps, styles))
+        self.body.update(render_stats(stats, info, baseline_tps, styles), layout=False)
+        repaint(self.body)
 
     def show_nothing(self) -> None:
         self.shown = None

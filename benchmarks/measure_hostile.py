@@ -2,7 +2,7 @@
 (fake backend; with ``--real`` also SmolLM2 on llama.cpp), and the time from SIGTERM to the exit
 while a prompt is tokenized (fake, an 8 MB prompt under an 8M-token context).
 
-    PYTHONPATH=$PWD python docs/measure_hostile.py [--real]     (from the repository root)
+    python -m benchmarks.measure_hostile [--real]     (from the repository root)
 """
 
 from __future__ import annotations

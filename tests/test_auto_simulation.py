@@ -22,24 +22,25 @@ from chatapp.engine.contracts import (
     ShadowScore,
     StepOutcome,
 )
-from chatapp.policy.auto import FREE_MAX_K, AutoDraftLength
+from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
+from chatapp.policy.tuning import Tuning
 
 NGRAM = "ngram"
 TOKENS = 1500  # output tokens per run: a few long replies
-LOOKAHEAD = FREE_MAX_K  # tokens a shadow n-gram proposal holds (NgramDrafter's lookahead)
+LOOKAHEAD = Tuning().free_max_k  # tokens a shadow n-gram proposal holds (its look-ahead)
 PADDING = 64  # positions past TOKENS a text holds: the last draft and its shadow proposal
 NOISE = 0.05  # timings vary by up to about this fraction
 BUSY = 0.01, 4.0  # and now and then (this fraction of the timings) the machine is busy: x 4
 MODEL_KS = range(9)  # the draft model's K in hindsight (AutoDraftLength's max_k)
-NGRAM_KS = (*range(9), 12, 16)  # the free source's K in hindsight (up to FREE_MAX_K)
+NGRAM_KS = (*range(9), 12, 16)  # the free source's K in hindsight (up to Tuning().free_max_k)
 
 # The issue-12 machine: ms to evaluate n tokens on the 1.5B target (llama-bench ppN), measured at
 # n = 1, 2, 3, 4, 5, 6, 8; 7 interpolated, 9 and beyond extrapolated at 27 ms a token, except the
 # cheap batch of 16 seen on the CPU of docs/benchmarks.md (5.8 times one token). The 0.5B draft
 # decodes at 35 ms a token.
 SAWTOOTH_MS = {1: 65, 2: 89, 3: 101, 4: 86, 5: 112, 6: 128, 7: 155, 8: 183,
-               **{n: 183 + 27 * (n - 8) for n in range(9, FREE_MAX_K + 2)}, 16: 5.8 * 65}
+               **{n: 183 + 27 * (n - 8) for n in range(9, Tuning().free_max_k + 2)}, 16: 5.8 * 65}
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ REPLY_CLASSES: dict[str, Callable[[int], Text]] = {
 def calibrated(machine: Machine) -> AutoDraftLength:
     """A fresh policy that knows ``machine``'s costs, as the app's first reply does."""
     policy = AutoDraftLength()
-    policy.calibrate(Calibration({n: machine.verify(n) for n in range(1, FREE_MAX_K + 2)},
+    policy.calibrate(Calibration({n: machine.verify(n) for n in range(1, Tuning().free_max_k + 2)},
                                  machine.draft))
     return policy
 

@@ -11,9 +11,10 @@ import pytest
 
 from chatapp.assembly.loader import make_policy
 from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
-from chatapp.policy.auto import PRIOR_ACCEPTANCE, AutoDraftLength
+from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
 from chatapp.policy.source_arm import SourceArm
+from chatapp.policy.tuning import Tuning
 from chatapp.settings.config import Config
 
 # verify(n) as measured on a 2-core CPU, in seconds: 46 ms for 1, 121 for 4, 144 for 6
@@ -81,7 +82,7 @@ def test_stops_drafting_with_a_draft_model_that_cannot_pay() -> None:
 def test_probes_of_a_hopeless_drafter_stay_within_a_quarter_of_the_budget() -> None:
     # Without catch-up (a draft model with its own fast prefill), it still checks now and then
     # that the costs it judged on hold, spending under a quarter of probe_budget on it.
-    policy = AutoDraftLength(catchup_prior=0.0)
+    policy = AutoDraftLength(Tuning(catchup_prior=0.0))
     ks = simulate(policy, 2000, CPU_VERIFY.__getitem__, 0.028, lambda _: 0.7,
                   np.random.default_rng(1))
     assert policy.current_k() == 0
@@ -151,7 +152,7 @@ def test_drops_to_plain_when_acceptance_falls() -> None:
 
 def test_per_position_acceptance_is_measured_not_assumed_iid() -> None:
     # Bursty acceptance: the first draft is a coin flip, but once it passes the rest always do.
-    policy = AutoDraftLength(explore_steps=0)
+    policy = AutoDraftLength(Tuning(explore_steps=0))
     rng = np.random.default_rng(6)
     for _ in range(300):
         k = 6
@@ -166,7 +167,7 @@ def test_per_position_acceptance_is_measured_not_assumed_iid() -> None:
 
 
 def test_explores_first_then_decides() -> None:
-    policy = AutoDraftLength(explore_steps=3, explore_k=3)
+    policy = AutoDraftLength(Tuning(explore_steps=3, explore_k=3))
     assert asked(policy) == 3
     assert policy.current_k() == 3
     for _ in range(3):
@@ -177,7 +178,7 @@ def test_explores_first_then_decides() -> None:
 
 
 def test_max_k_zero_is_plain_decoding() -> None:
-    policy = AutoDraftLength(max_k=0)
+    policy = AutoDraftLength(Tuning(max_k=0))
     for _ in range(5):
         assert asked(policy) == 0
         report(policy, 0, 0, 0.0, 0.05)
@@ -220,7 +221,7 @@ def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:
     # A drafter that can score its proposals for free sends the scores with its proposals; the
     # policy keeps consulting it at K = 0 (budget 0, consult set) and drafts again as soon as its
     # proposals match.
-    policy = AutoDraftLength(explore_steps=0)
+    policy = AutoDraftLength(Tuning(explore_steps=0))
     for _ in range(40):
         k = min(asked(policy, "ngram"), 8)
         report(policy, k, 0, 0.0, CPU_VERIFY[k + 1], "ngram", (ShadowScore("ngram", 8, 0),))
@@ -238,7 +239,7 @@ def test_a_new_reply_keeps_what_was_learnt_of_predictions_only() -> None:
     # Free sources relearn every reply (the next one may be prose); a predicted output is the
     # client's word on the reply, as it was on the last: at a new reply its kinds keep drafting
     # long where the edits' start again from the prior.
-    policy = AutoDraftLength(explore_steps=0)
+    policy = AutoDraftLength(Tuning(explore_steps=0))
     report(policy, 0, 0, 0.0, 0.050)
     scores = tuple(ShadowScore(kind, 16, 16) for kind in ("edit-run", "prediction-run")
                    for _ in range(20))
@@ -246,7 +247,7 @@ def test_a_new_reply_keeps_what_was_learnt_of_predictions_only() -> None:
     assert policy.current_k("edit-run") == policy.current_k("prediction-run") >= 8
     before = policy.acceptance("prediction-run")
     policy.start_turn()
-    assert policy.acceptance("edit-run")[0] == pytest.approx(PRIOR_ACCEPTANCE)
+    assert policy.acceptance("edit-run")[0] == pytest.approx(Tuning().prior_acceptance)
     assert policy.acceptance("prediction-run")[0] > 0.85 * before[0]
     budget = policy.budget()
     assert budget.for_source("prediction-run") > budget.for_source("edit-run")

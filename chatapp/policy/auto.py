@@ -14,50 +14,19 @@ from typing import Any
 
 from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import (
-    LONGEST_FREE_DRAFT,
     MODEL_SOURCE,
     PREDICTION_SOURCE,
     DraftBudget,
     ShadowScore,
     StepOutcome,
-    checked_draft_length,
     source_family,
 )
 from chatapp.policy.source_arm import SourceArm
+from chatapp.policy.tuning import Tuning
 from chatapp.policy.verify_cost import VerifyCostModel
 
 # The layout of AutoDraftLength.learnt() (3: free sources draft up to free_max_k)
 LEARNT_VERSION = 3
-FREE_MAX_K = LONGEST_FREE_DRAFT  # the longest draft of a free source, as long as its shadow
-# look-ahead (8 was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
-
-# Constants of the policy; nothing sets them at run time. The values are those the policy was
-# written and checked with: the simulated machines of tests/test_draft_policy.py and
-# tests/test_auto_simulation.py (a 2-core CPU's measured verification costs, a flat GPU-like
-# profile) and the bench on the default pair (docs/benchmarks.md).
-PRIOR_ACCEPTANCE = 0.6  # acceptance assumed at position 1 before any observation
-PRIOR_WEIGHT = 2.0  # pseudo-observations that shrink position i's rate towards position i-1's
-FORGET = 0.95  # per-observation forgetting of acceptance counts (about the last 20 steps count;
-# 0.9 let the estimates swing enough to cost 5% on the simulated GPU with long drafts; positions
-# after a proposal's first rejection forget faster: UNVERIFIED_FORGET in chatapp.policy.source_arm)
-TURN_FORGET = 0.5  # at a new reply, the weight of the acceptance learnt before it: the draft
-# model's, and a predicted output's (the family PREDICTION_SOURCE)
-FREE_TURN_FORGET = 0.0  # and of a free source's: its proposals are scored at no cost, so it
-# relearns within a few steps (0.5 kept drafting 15 tokens learnt on code edits on the next prose
-# reply: 0.88x plain decoding there on the bench, and slower edits after prose in simulation)
-VERIFY_FORGET = 0.95  # per-observation forgetting of verification timings (about the last 20)
-VERIFY_SLOPE_PRIOR = 0.8  # cost of n tokens ~ one-token cost x (1 + 0.8 ln n) until measured
-DRAFT_COST_PRIOR = 0.6  # a draft token costs this x a one-token verification until timed
-PROBE_EVERY = 16  # at least this many steps between probes while not drafting
-PROBE_BUDGET = 0.01  # probing may cost at most 1% of the time
-SWITCH_MARGIN = 0.03  # leaving plain decoding needs an expected gain of 3%
-OPTIMISTIC_ACCEPTANCE = 0.9  # the acceptance a probe is sized for
-STALE_FORGET = 0.98  # per idle step, what was learnt before a stretch without drafting ages
-PLAIN_EVERY = 64  # re-time plain decoding when no plain step was timed for this many steps
-REDECIDE_EVERY = 8  # steps between decisions for the sources the latest steps did not touch
-SWITCH_HORIZON = 64  # steps a switch to drafting is expected to last (as long as PLAIN_EVERY)
-THROUGHPUT_FORGET = 0.99  # per-step forgetting of the tokens/s achieved (about the last 100 steps)
-EXPLORE_BUDGET = 0.02  # verifying batch sizes never timed may lose at most this share of the time
 
 
 class AutoDraftLength:
@@ -74,7 +43,7 @@ class AutoDraftLength:
     - the cost of verifying n tokens (K drafts feed K + 1): a forgetting mean per n as measured,
       with no form imposed (4 tokens may cost less than 3); an n never measured is extrapolated on
       the cheap side, so that it is tried once and then known (``VerifyCostModel``); for a free
-      source, while verifying never-timed n has lost at most ``EXPLORE_BUDGET`` of the time, an
+      source, while verifying never-timed n has lost at most ``explore_budget`` of the time, an
       n between measured ones is guessed as cheap as the measured one below it, so that a batch
       size cheaper than its neighbours (16 tokens on the CPU of docs/benchmarks.md) is found;
     - the tokens per second achieved over the recent steps, the yardstick a K is weighed against.
@@ -86,7 +55,7 @@ class AutoDraftLength:
     E[tokens | K] = 1 + sum_j prod_{i<=j} a_i (autocorrelated acceptance is in the per-position
     rates, not assumed away). K = 0 is plain decoding; leaving it needs an expected gain of
     ``switch_margin``, and the catch-up of a drafter that sat idle repaid within
-    ``SWITCH_HORIZON`` steps. From K = 0 it probes at the K that would be best if acceptance were
+    ``switch_horizon`` steps. From K = 0 it probes at the K that would be best if acceptance were
     ``optimistic_acceptance`` (at most ``explore_k``), every ``probe_every`` steps or more: as
     many as keep the expected loss of probing (the time a probe takes minus the plain time of the
     tokens it is expected to yield, plus the catch-up a draft model does for every token it missed
@@ -107,39 +76,40 @@ class AutoDraftLength:
     that were emitted) sends ``ShadowScore``s with its proposals; such a source learns its
     acceptance from those only, needs no exploring, counts as free to draft until timed, and the
     budget keeps ``consult`` set while it sits at K = 0 (asking it costs nothing), so it drafts
-    again as soon as its proposals start to match. Names in the description above are the module
-    constants (``prior_acceptance`` is ``PRIOR_ACCEPTANCE``, ...).
+    again as soon as its proposals start to match. Names in the description above are the fields
+    of its ``Tuning`` (``chatapp.policy.tuning``), held by the policy and each source's arm.
     """
 
-    def __init__(self, max_k: int = 8, *, free_max_k: int = FREE_MAX_K, explore_steps: int = 3,
-                 explore_k: int = 3, catchup_prior: float = 0.25) -> None:
-        self.max_k = checked_draft_length(max_k)
-        self.free_max_k = max(free_max_k, self.max_k) if self.max_k else 0
-        self.catchup_prior = catchup_prior
-        self.plain_every = PLAIN_EVERY
-        self.stale_forget = STALE_FORGET
-        self.prior_acceptance = PRIOR_ACCEPTANCE
-        self.prior_weight = PRIOR_WEIGHT
-        self.forget = FORGET
-        self.draft_cost_prior = DRAFT_COST_PRIOR
-        self.probe_every = PROBE_EVERY
-        self.probe_budget = PROBE_BUDGET
-        self.switch_margin = SWITCH_MARGIN
-        self.optimistic_acceptance = OPTIMISTIC_ACCEPTANCE
-        self.explore_steps = explore_steps
-        self.explore_k = min(explore_k, self.max_k)
-        self._verify = VerifyCostModel(self.free_max_k + 1, VERIFY_FORGET, VERIFY_SLOPE_PRIOR)
+    def __init__(self, tuning: Tuning = Tuning()) -> None:
+        self.tuning = tuning
+        self._verify = VerifyCostModel(tuning.longest_free + 1, tuning.verify_forget,
+                                       tuning.verify_slope_prior)
         self._lock = threading.RLock()
         self._arms: dict[str, SourceArm] = {}
         self._step = 0
-        self._tokens = 0.0  # tokens emitted and seconds spent, forgetting by THROUGHPUT_FORGET
+        self._tokens = 0.0  # tokens emitted and seconds spent, forgetting by throughput_forget
         self._seconds = 0.0
-        self._last_plain = -PLAIN_EVERY  # time plain decoding as soon as exploring is over
+        self._last_plain = -tuning.plain_every  # time plain decoding once exploring is over
         self._spent_s = 0.0  # all verification time, and that of batch sizes never timed before
         self._exploring_s = 0.0
         self._draft_token: float | None = None  # a draft-model token's calibrated cost
-        self._new_ks = (self.explore_k, self.explore_k)  # model's and a free source's, unrecorded
+        self._new_ks = (tuning.first_k, tuning.first_k)  # model's and a free source's, unrecorded
         self._new_ks_known = False  # whether _new_ks were decided on calibrated costs
+
+    @property
+    def max_k(self) -> int:
+        """The longest draft of a draft model (``Tuning.max_k``)."""
+        return self.tuning.max_k
+
+    @property
+    def free_max_k(self) -> int:
+        """The longest draft of a free source (``Tuning.longest_free``)."""
+        return self.tuning.longest_free
+
+    @property
+    def explore_k(self) -> int:
+        """The K a draft model explores with (``Tuning.first_k``)."""
+        return self.tuning.first_k
 
     # -- DraftPolicy ----------------------------------------------------------------------------
 
@@ -150,7 +120,7 @@ class AutoDraftLength:
             arms = self._arms
             if not arms and not self._verify.calibrated:
                 return DraftBudget.uniform(self.explore_k)
-            if self._step - self._last_plain >= self.plain_every and not any(
+            if self._step - self._last_plain >= self.tuning.plain_every and not any(
                     self._exploring(arm) for arm in arms.values()):
                 # re-time plain decoding, the baseline of every choice
                 return DraftBudget.uniform(0)
@@ -172,7 +142,7 @@ class AutoDraftLength:
                 self._observe_shadow(score)
             k = outcome.drafted
             self._step += 1
-            forget = THROUGHPUT_FORGET
+            forget = self.tuning.throughput_forget
             self._tokens = forget * self._tokens + outcome.accepted + 1
             self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
             self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
@@ -183,15 +153,14 @@ class AutoDraftLength:
             else:
                 kind = outcome.source or MODEL_SOURCE
                 touched.add(kind)
-                self._arm(kind).observe_draft(k, outcome.accepted, outcome.draft_s, self.forget,
-                                              self._step, self.stale_forget, self.catchup_prior)
+                self._arm(kind).observe_draft(k, outcome.accepted, outcome.draft_s, self._step)
             self._redecide(touched)
 
     def _redecide(self, touched: set[str]) -> None:
         """Decide again for the sources ``touched`` by the latest step (what was learnt of them
-        changed), and every ``REDECIDE_EVERY`` steps for all (costs and throughput move
+        changed), and every ``redecide_every`` steps for all (costs and throughput move
         slowly); keep what a source with no record would draft (``_new_ks``)."""
-        everyone = self._step % REDECIDE_EVERY == 0
+        everyone = self._step % self.tuning.redecide_every == 0
         for kind, arm in self._arms.items():
             if everyone or kind in touched:
                 self._decide(arm)
@@ -200,15 +169,15 @@ class AutoDraftLength:
             self._new_ks_known = self._verify.calibrated
 
     def start_turn(self) -> None:
-        """A new reply: the acceptance learnt before counts ``FREE_TURN_FORGET`` as much for a
-        source that scores itself for free and ``TURN_FORGET`` for the draft model and for a
+        """A new reply: the acceptance learnt before counts ``free_turn_forget`` as much for a
+        source that scores itself for free and ``turn_forget`` for the draft model and for a
         reply's predicted output (another prompt may be another kind of text: estimates learnt on
         code must give way at once on prose; a prediction is the client's word on the reply, as
         it was on the last one; the costs, the machine's, are kept)."""
         with self._lock:
             for kind, arm in self._arms.items():
                 kept = not arm.shadowed or source_family(kind) == PREDICTION_SOURCE
-                weight = TURN_FORGET if kept else FREE_TURN_FORGET
+                weight = self.tuning.turn_forget if kept else self.tuning.free_turn_forget
                 arm.verified = [weight * v for v in arm.verified]
                 arm.accepted = [weight * a for a in arm.accepted]
             self._redecide(set(self._arms))
@@ -237,8 +206,8 @@ class AutoDraftLength:
 
     def _may_explore(self) -> bool:
         """Whether a free source may still be offered batch sizes never timed at a cheap guess
-        of their cost (while what exploring lost is within ``EXPLORE_BUDGET`` of the time)."""
-        return self._exploring_s <= EXPLORE_BUDGET * self._spent_s
+        of their cost (while what exploring lost is within ``explore_budget`` of the time)."""
+        return self._exploring_s <= self.tuning.explore_budget * self._spent_s
 
     def _observe_shadow(self, score: ShadowScore) -> None:
         """A free proposal from ``score.source`` would have had ``score.matched`` accepted."""
@@ -246,7 +215,7 @@ class AutoDraftLength:
             return
         arm = self._arm(score.source)
         arm.shadowed = True
-        arm.count_acceptance(score.proposed, min(score.matched, score.proposed), self.forget)
+        arm.count_acceptance(score.proposed, min(score.matched, score.proposed))
 
     # -- what was learnt, kept between starts -------------------------------------------------
 
@@ -272,8 +241,8 @@ class AutoDraftLength:
         verify.take_calibration(self._verify)
         arms = {}
         for kind, data in dict(learnt["arms"]).items():
-            arm = SourceArm(self.explore_k, self.probe_every)
-            arm.resume(data, self.explore_steps)
+            arm = SourceArm(self.tuning)
+            arm.resume(data)
             arms[str(kind)] = arm
         with self._lock:
             self._verify, self._arms = verify, arms
@@ -313,28 +282,28 @@ class AutoDraftLength:
     def _arm(self, kind: str) -> SourceArm:
         arm = self._arms.get(kind)
         if arm is None:
-            arm = self._arms[kind] = SourceArm(self.explore_k, self.probe_every)
+            arm = self._arms[kind] = SourceArm(self.tuning)
         return arm
 
     def _exploring(self, arm: SourceArm) -> bool:
         """Whether ``arm``'s next drafts are its first ``explore_steps``, made at ``explore_k``
         to measure it: a draft model's, before calibration, or after it where drafting could
         pay if it were mostly accepted (``_hopeful``)."""
-        if arm.shadowed or arm.drafted_steps >= self.explore_steps:
+        if arm.shadowed or arm.drafted_steps >= self.tuning.explore_steps:
             return False
         return not self._verify.calibrated or self._hopeful(arm)
 
     def _hopeful(self, arm: SourceArm) -> bool:
         """Whether some K would beat plain decoding by ``switch_margin`` if ``arm``'s drafts
         were accepted at ``optimistic_acceptance`` at least."""
-        acceptance = [max(a, self.optimistic_acceptance) for a in self._acceptance(arm)]
+        acceptance = [max(a, self.tuning.optimistic_acceptance) for a in self._acceptance(arm)]
         rates = self._rates(arm, acceptance)
-        return len(rates) > 1 and max(rates[1:]) > rates[0] * (1 + self.switch_margin)
+        return len(rates) > 1 and max(rates[1:]) > rates[0] * (1 + self.tuning.switch_margin)
 
     def _new_arm_k(self, shadowed: bool) -> int:
         """The K of a source with no record yet: a draft model (``shadowed`` False) or a source
         that scores itself for free."""
-        arm = SourceArm(self.explore_k, self.probe_every)
+        arm = SourceArm(self.tuning)
         arm.shadowed = shadowed
         self._decide(arm)
         return self._chosen_k(arm)
@@ -364,7 +333,7 @@ class AutoDraftLength:
 
     def _acceptance(self, arm: SourceArm) -> list[float]:
         """Estimated acceptance at positions 1..``_longest(arm)``."""
-        return arm.acceptance(self._longest(arm), self.prior_acceptance, self.prior_weight)
+        return arm.acceptance(self._longest(arm))
 
     def _rates(self, arm: SourceArm, acceptance: list[float]) -> list[float]:
         """Expected tokens per second of a step at K = 0..len(acceptance) (empty before any
@@ -383,7 +352,7 @@ class AutoDraftLength:
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
             draft = 0.0 if arm.shadowed else (self._draft_token if self._draft_token is not None
-                                              else self.draft_cost_prior * verify[0])
+                                              else self.tuning.draft_cost_prior * verify[0])
         tokens = [1.0 + expected for expected in accumulate(_prefix_products(acceptance),
                                                              initial=0.0)]
         seconds = [max(k * draft + verify[k], 1e-9) for k in range(longest + 1)]
@@ -401,8 +370,8 @@ class AutoDraftLength:
         rate of this source's steps (a lucky run must not make every draft look too slow), so a K
         is never shorter than the one with the best rate. Leaving K = 0 needs ``switch_margin`` x
         the plain tokens of the drafting step's time more, and a drafter that must first catch up
-        on the steps it sat idle (``SWITCH_HORIZON`` at most) must repay that within
-        ``SWITCH_HORIZON`` steps."""
+        on the steps it sat idle (``switch_horizon`` at most) must repay that within
+        ``switch_horizon`` steps."""
         tokens, seconds = self._outlook(arm, acceptance)
         rates = [t / s for t, s in zip(tokens, seconds)]
         measured = self._throughput()
@@ -412,9 +381,9 @@ class AutoDraftLength:
         needed = 0.0
         if arm.k == 0:
             # a drafter catches up on the current context only: at most a horizon's worth
-            idle = min(self._step - arm.last_drafted, SWITCH_HORIZON)
-            catchup = arm.catchup_per_step(self.catchup_prior) * idle / SWITCH_HORIZON
-            needed = (self.switch_margin * seconds[best] + catchup) * rates[0]
+            idle = min(self._step - arm.last_drafted, self.tuning.switch_horizon)
+            catchup = arm.catchup_per_step() * idle / self.tuning.switch_horizon
+            needed = (self.tuning.switch_margin * seconds[best] + catchup) * rates[0]
         k = best if values[best] - values[0] > needed else 0
         arm.cuts = _cuts(values[:k + 1]) if k and self._verify.calibrated else ()
         return k, rates
@@ -431,11 +400,12 @@ class AutoDraftLength:
             return
         k, rates = self._best_k(arm, acceptance)
         if k == 0:
-            hopeful = self._rates(arm, [max(a, self.optimistic_acceptance) for a in acceptance])
+            optimistic = self.tuning.optimistic_acceptance
+            hopeful = self._rates(arm, [max(a, optimistic) for a in acceptance])
             probe = max(range(1, len(hopeful)), key=hopeful.__getitem__)
             # Hopeless: drafting could not pay even if it were mostly accepted. Probe anyway, but
             # seldom: the costs it was judged on may be stale.
-            arm.hopeful = hopeful[probe] > rates[0] * (1 + self.switch_margin)
+            arm.hopeful = hopeful[probe] > rates[0] * (1 + self.tuning.switch_margin)
             if not (arm.shadowed and arm.hopeful):
                 # A real probe costs what it fails to return, plus the catch-up of a drafter
                 # that sat idle, which grows with the interval I: loss + catch-up x I must stay
@@ -444,12 +414,13 @@ class AutoDraftLength:
                 plain_step = 1.0 / rates[0]
                 expected = 1 + sum(_prefix_products(acceptance[:probe]))
                 loss = max(0.0, expected * (1.0 / rates[probe] - plain_step))
-                budget = (self.probe_budget if arm.hopeful else self.probe_budget / 4) * plain_step
-                catchup = arm.catchup_per_step(self.catchup_prior)
+                share = self.tuning.probe_budget if arm.hopeful else self.tuning.probe_budget / 4
+                budget = share * plain_step
+                catchup = arm.catchup_per_step()
                 if catchup >= budget:
                     probe = 0  # catching up would cost more than probing may: stay plain
                 else:
-                    arm.probe_interval = max(self.probe_every,
+                    arm.probe_interval = max(self.tuning.probe_every,
                                              math.ceil(loss / (budget - catchup)))
             arm.probe_k = probe
         arm.k = k

@@ -86,7 +86,7 @@ def remember(policy: AutoDraftLength, path: Path) -> None:
 def _valid_arms(path: Path, policy: AutoDraftLength) -> dict[str, Any]:
     """The per-source data in ``path`` if a policy like ``policy`` could resume from the file,
     else nothing."""
-    probe = AutoDraftLength(policy.max_k, free_max_k=policy.free_max_k)
+    probe = AutoDraftLength(policy.tuning)
     if not recall(probe, path):
         return {}
     return probe.learnt()["arms"]

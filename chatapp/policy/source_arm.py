@@ -9,27 +9,23 @@ from collections import deque
 from typing import Any
 
 from chatapp.policy.learnt_data import RESUME_WEIGHT, non_negative_floats
-
-# Per proposal, the forgetting of the acceptance counts of the positions after its first rejection
-# (the verified ones forget by the policy's FORGET, per observation): about 10 first-token failures
-# relax them to the positions before them (0.95 took 45: a source whose deep positions were learnt
-# on code kept drafting 15 tokens on prose, 0.85x plain decoding).
-UNVERIFIED_FORGET = 0.9
+from chatapp.policy.tuning import Tuning
 
 
 class SourceArm:
     """What ``AutoDraftLength`` knows about one source of drafts (its ``learnt`` and ``resume``
     give and take the per-source part of the policy's learnt data)."""
 
-    def __init__(self, k: int, probe_every: int) -> None:
-        self.k = k
+    def __init__(self, tuning: Tuning) -> None:
+        self.tuning = tuning
+        self.k = tuning.first_k
         self.accepted: list[float] = []
         self.verified: list[float] = []
         self.costs: deque[float] = deque(maxlen=9)
         self.drafted_steps = 0
         self.last_drafted = 0
         self.probe_k = 0
-        self.probe_interval = probe_every
+        self.probe_interval = tuning.probe_every
         self.hopeful = True  # drafting could pay if acceptance were high
         self.shadowed = False  # acceptance comes from observe_shadow, not from verified steps
         self.catchup: float | None = None  # extra draft seconds per step spent not drafting
@@ -40,7 +36,7 @@ class SourceArm:
                 "costs": list(self.costs), "catchup": self.catchup, "shadowed": self.shadowed,
                 "drafted_steps": self.drafted_steps}
 
-    def resume(self, data: dict[str, Any], explore_steps: int) -> None:
+    def resume(self, data: dict[str, Any]) -> None:
         """Take ``learnt()`` data of an earlier run, its counts capped at ``RESUME_WEIGHT``."""
         verified = non_negative_floats(data["verified"])
         accepted = non_negative_floats(data["accepted"])
@@ -54,10 +50,9 @@ class SourceArm:
         catchup = data["catchup"]
         self.catchup = None if catchup is None else non_negative_floats([catchup])[0]
         self.shadowed = bool(data["shadowed"])
-        self.drafted_steps = explore_steps if int(data["drafted_steps"]) > 0 else 0
+        self.drafted_steps = self.tuning.explore_steps if int(data["drafted_steps"]) > 0 else 0
 
-    def observe_draft(self, k: int, accepted: int, draft_s: float, forget: float,
-                      step: int, stale_forget: float, catchup_prior: float) -> None:
+    def observe_draft(self, k: int, accepted: int, draft_s: float, step: int) -> None:
         """A step where this source drafted ``k`` tokens, ``accepted`` of them accepted.
 
         After steps without drafting, the time beyond ``k`` typical tokens is the catch-up (per
@@ -66,7 +61,7 @@ class SourceArm:
         catch up dearly); such a step's per-token cost is not typical and is not kept."""
         self.drafted_steps += 1
         if not self.shadowed:  # what was learnt before a stretch without drafting has aged
-            decay = stale_forget ** max(step - self.last_drafted - 1, 0)
+            decay = self.tuning.stale_forget ** max(step - self.last_drafted - 1, 0)
             self.verified = [decay * v for v in self.verified]
             self.accepted = [decay * a for a in self.accepted]
         per_token = max(draft_s, 0.0) / k
@@ -76,31 +71,37 @@ class SourceArm:
         if typical is not None and gap > 0:
             # A model drafter that sat idle first feeds what it missed: that excess, per step.
             excess = max(0.0, draft_s - k * typical) / gap
-            known = catchup_prior * typical if self.catchup is None else self.catchup
+            known = (self.tuning.catchup_prior * typical if self.catchup is None
+                     else self.catchup)
             self.catchup = 0.5 * known + 0.5 * excess
         else:
             self.costs.append(per_token)
         if not self.shadowed:
-            self.count_acceptance(k, accepted, forget)
+            self.count_acceptance(k, accepted)
 
-    def count_acceptance(self, k: int, accepted: int, forget: float) -> None:
+    def count_acceptance(self, k: int, accepted: int) -> None:
         """Count a proposal of ``k`` tokens of which the first ``accepted`` passed. Position i is
         verified when all before it passed; the positions after the first rejection were
-        proposed but not verified: their counts age by ``UNVERIFIED_FORGET``, faster than the
-        verified ones, so that what they say relaxes towards the positions before them within a
-        few steps (acceptance at 1 fell: the old rates at 2, 3, ... learnt on other text are
-        stale, and long drafts judged on them would keep failing at their first token)."""
+        proposed but not verified: their counts age by ``unverified_forget``, faster than the
+        verified ones (``forget``), so that what they say relaxes towards the positions before
+        them within a few steps (acceptance at 1 fell: the old rates at 2, 3, ... learnt on
+        other text are stale, and long drafts judged on them would keep failing at their first
+        token)."""
         while len(self.verified) < k:
             self.verified.append(0.0)
             self.accepted.append(0.0)
         for i in range(k):
             verified = i <= accepted
-            age = forget if verified else UNVERIFIED_FORGET
+            age = self.tuning.forget if verified else self.tuning.unverified_forget
             self.verified[i] = age * self.verified[i] + verified
             self.accepted[i] = age * self.accepted[i] + (i < accepted)
 
-    def acceptance(self, max_k: int, prior: float, weight: float) -> list[float]:
-        rates, previous = [], prior
+    def acceptance(self, max_k: int) -> list[float]:
+        """The acceptance at positions 1..``max_k``, each given the positions before it were
+        accepted: its counts shrunk towards the position before (position 1 towards
+        ``prior_acceptance``) with ``prior_weight`` pseudo-observations."""
+        weight = self.tuning.prior_weight
+        rates, previous = [], self.tuning.prior_acceptance
         for i in range(max_k):
             seen = self.verified[i] if i < len(self.verified) else 0.0
             hits = self.accepted[i] if i < len(self.accepted) else 0.0
@@ -111,12 +112,12 @@ class SourceArm:
     def draft_cost(self) -> float | None:
         return statistics.median(self.costs) if self.costs else None
 
-    def catchup_per_step(self, prior: float) -> float:
-        """Seconds a probe's drafter needs per step it sat idle (``prior`` x the draft cost per
-        token until measured; nothing for a drafter that scores itself for free)."""
+    def catchup_per_step(self) -> float:
+        """Seconds a probe's drafter needs per step it sat idle (``catchup_prior`` x the draft
+        cost per token until measured; nothing for a drafter that scores itself for free)."""
         if self.shadowed:
             return 0.0
         if self.catchup is not None:
             return self.catchup
         typical = self.draft_cost()
-        return prior * typical if typical is not None else 0.0
+        return self.tuning.catchup_prior * typical if typical is not None else 0.0

@@ -65,9 +65,9 @@ def engine_generate_callers() -> set[str]:
     return callers
 
 
-def test_outside_the_engine_only_the_reply_pipeline_and_the_bench_run_an_engine() -> None:
-    # specchat bench drives each configuration's engine on token prompts, as a measurement
-    assert engine_generate_callers() == {"chatapp/chat/session.py", "chatapp/bench/runner.py"}
+def test_outside_the_engine_only_the_reply_pipeline_runs_an_engine() -> None:
+    # specchat bench, the TUI, the CLI, the web tab and the API all reply through ChatSession
+    assert engine_generate_callers() == {"chatapp/chat/session.py"}
 
 
 def test_chat_serve_tui_and_cli_never_reach_an_engine_a_drafter_or_a_policy_class() -> None:

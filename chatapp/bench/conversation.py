@@ -97,7 +97,7 @@ def run_conversation(bench: Bench, conversation: ScriptedConversation,
         result.prompts.append(prompt)
         reference: list[int] = []
         for spec in rotated(bench.specs, turn - 1):
-            run = bench.run_once(spec, prompt, seed=turn)
+            run = bench.run_once(spec, messages, seed=turn)
             stats = run.stats
             row = TurnRow(spec.name, turn, len(prompt), stats.tokens,
                           stats.total_s - stats.prompt_s)

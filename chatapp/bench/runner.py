@@ -24,6 +24,7 @@ from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_settings import generation_settings
 from chatapp.chat.reply_values import k_label
+from chatapp.chat.session import ChatSession, ReplyOverrides
 from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
@@ -94,6 +95,14 @@ def progress_printer(log: TextIO) -> Callable[[str, float | None], None]:
     return report
 
 
+RUN_SEEDS = 1_000_003  # a run's seed: the bench's seed x this + the prompt's number
+
+
+def _asked(prompt: BenchPrompt) -> list[ChatMessage]:
+    """``prompt`` as the message a person would send."""
+    return [ChatMessage("user", prompt.text)]
+
+
 class Bench:
     """Every configuration of ``specs`` as an engine and a policy on the shared ``backends``
     (built once); ``warm_up`` and ``run`` decode through them, ``meta`` and ``describe`` say what
@@ -128,10 +137,10 @@ class Bench:
         self.extra_configs: list[str] = []
         self._thread_choices: dict[tuple[str, str], ThreadChoice | None] = {}
         self._own_thread_choices: dict[str, ThreadChoice] = {}  # each backend's, by role
-        self._engines: dict[str, tuple[SpeculativeEngine, DraftPolicy]] = {}
+        self._sessions: dict[str, tuple[ChatSession, DraftPolicy]] = {}
         self._calibrations: dict[str, Calibration] = {}  # by spec name (``_calibration``)
         for spec in self.specs:
-            self._engines[spec.name] = self._engine(spec)
+            self._sessions[spec.name] = self._session(spec)
         if config.backend == "hf" and backends.draft is not None:
             self.extra_configs.append(HF_ASSISTED)
 
@@ -155,7 +164,9 @@ class Bench:
                                                    progress_printer(self.log))
         return self.backends.assistant
 
-    def _engine(self, spec: RunSpec) -> tuple[SpeculativeEngine, DraftPolicy]:
+    def _session(self, spec: RunSpec) -> tuple[ChatSession, DraftPolicy]:
+        """The reply pipeline a configuration runs through (its drafter over the loaded models,
+        as the app's), and its own policy."""
         target = self.backends.target
         drafter: Drafter | None = None
         if spec.drafter is not None:
@@ -164,7 +175,9 @@ class Bench:
             draft = None if name == "ngram" else self._draft_backend()
             drafter = make_drafter(config, target, draft=draft,
                                    edits=not spec.drafter.endswith(NO_EDITS))
-        return SpeculativeEngine(target, drafter), self._policy(spec)
+        session = ChatSession(SpeculativeEngine(target, drafter), self.settings, self.seed,
+                              self.config.system_prompt)
+        return session, self._policy(spec)
 
     def _policy(self, spec: RunSpec) -> DraftPolicy:
         """The spec's own policy; an adaptive one starts from this machine's calibration
@@ -198,7 +211,7 @@ class Bench:
         one from the configuration's start."""
         start = configuration.start
         if start is None or start.memory is PolicyMemory.KEPT:
-            return self._engines[configuration.spec.name][1]
+            return self._sessions[configuration.spec.name][1]
         return start.new_policy(spec_config(self.config, configuration.spec),
                                 self._calibration(configuration.spec))
 
@@ -209,11 +222,11 @@ class Bench:
         print(f"Warming up on {prompt.id} ...", file=self.log, flush=True)
         settings = dataclasses.replace(self.settings,
                                        max_tokens=min(WARMUP_TOKENS, self.settings.max_tokens))
-        tokens = self.prompt_tokens(prompt)
         for configuration in self.configurations:
             spec = configuration.spec
-            engine = self._engines[spec.name][0]
-            self._generate(spec, engine, self._run_policy(configuration), tokens, settings)
+            session = self._sessions[spec.name][0]
+            self._generate(spec, session, self._run_policy(configuration), _asked(prompt),
+                           settings)
 
     def run(self, prompts: Sequence[BenchPrompt]) -> list[Row]:
         rows: list[Row] = []
@@ -227,14 +240,13 @@ class Bench:
     def _run_prompt(self, prompt: BenchPrompt, number: int, total: int) -> list[Row]:
         """``prompt`` through every configuration in ``repeats`` rounds (see ``_run_round``),
         after the baseline's run of it if any; one row per configuration."""
-        tokens = self.prompt_tokens(prompt)
         base = None
         if self.baseline and self.launcher is not None:
             base = baseline_row(self.launcher, self.baseline, prompt, self.settings.max_tokens,
                                 self.config)
             print(f"[{number}/{total}] {prompt.id:<16} {BASELINE:<18} {base.tokens:4d} tokens "
                   f"{base.tokens_per_s:6.1f} tok/s", file=self.log, flush=True)
-        rounds = [self._run_round(prompt, tokens, number, total, repeat)
+        rounds = [self._run_round(prompt, number, total, repeat)
                   for repeat in range(self.repeats)]
         memories = {c.name: c.start.describe() for c in self.configurations if c.start}
         references = [runs[TARGET] for runs in rounds]
@@ -244,8 +256,8 @@ class Bench:
             rows.append(compared_to(base, rows[[row.config for row in rows].index(TARGET)]))
         return rows
 
-    def _run_round(self, prompt: BenchPrompt, tokens: list[int], number: int, total: int,
-                   repeat: int) -> dict[str, Run]:
+    def _run_round(self, prompt: BenchPrompt, number: int, total: int, repeat: int
+                   ) -> dict[str, Run]:
         """Round ``repeat`` of ``prompt``: every configuration once, in the order rotated by the
         prompt's number and the round (no configuration always runs first), then the
         transformers reference if any; each run is added to ``records``."""
@@ -253,12 +265,13 @@ class Bench:
         order = rotated(self.configurations, number - 1 + repeat)
         for configuration in order:
             spec = configuration.spec
-            engine = self._engines[spec.name][0]
-            run = self._generate(spec, engine, self._run_policy(configuration), tokens,
+            session = self._sessions[spec.name][0]
+            run = self._generate(spec, session, self._run_policy(configuration), _asked(prompt),
                                  self.settings, seed=number)
             self._log_run(number, total, prompt, configuration.name, run)
             runs[configuration.name] = run
         if HF_ASSISTED in self.extra_configs:
+            tokens = self.prompt_tokens(prompt)
             runs[HF_ASSISTED] = hf_assisted(self.backends.target, self._assistant(), tokens,
                                             self.settings.max_tokens, runs[TARGET].stats.prompt_s)
             self._log_run(number, total, prompt, HF_ASSISTED, runs[HF_ASSISTED])
@@ -266,11 +279,11 @@ class Bench:
                          for position, (name, run) in enumerate(runs.items())]
         return {name: runs[name] for name in self.names if name in runs}
 
-    def run_once(self, spec: RunSpec, prompt: list[int], seed: int) -> Run:
-        """One run of configuration ``spec`` (one of ``specs``) on ``prompt``, both caches
-        emptied first, with the bench's settings; for other benches built on this one."""
-        engine, policy = self._engines[spec.name]
-        return self._generate(spec, engine, policy, prompt, self.settings, seed=seed)
+    def run_once(self, spec: RunSpec, messages: Sequence[ChatMessage], seed: int) -> Run:
+        """One run of configuration ``spec`` (one of ``specs``) replying to ``messages``, both
+        caches emptied first, with the bench's settings; for other benches built on this one."""
+        session, policy = self._sessions[spec.name]
+        return self._generate(spec, session, policy, messages, self.settings, seed=seed)
 
     def prompt_tokens(self, prompt: BenchPrompt) -> list[int]:
         system = [ChatMessage("system", self.config.system_prompt)] if (
@@ -291,18 +304,24 @@ class Bench:
                 self._thread_choices[key] = spec.thread_choice(available_cores())
             backend.use_threads(self._thread_choices[key] or own)
 
-    def _generate(self, spec: RunSpec, engine: SpeculativeEngine, policy: DraftPolicy,
-                  prompt: list[int], settings: GenerationSettings, seed: int = 0) -> Run:
+    def _generate(self, spec: RunSpec, session: ChatSession, policy: DraftPolicy,
+                  messages: Sequence[ChatMessage], settings: GenerationSettings,
+                  seed: int = 0) -> Run:
+        """One reply to ``messages`` through ``session``'s pipeline (the app's prompt rules),
+        ``settings.max_tokens`` at most, sampling from a generator seeded by the bench's seed
+        and ``seed``."""
         self._use_threads_of(spec)
         for backend in (self.backends.target, self.backends.draft):
             if backend is not None:
                 backend.truncate(0)
-        rng = np.random.default_rng([self.seed, seed])
+        overrides = ReplyOverrides(max_tokens=settings.max_tokens,
+                                   seed=self.seed * RUN_SEEDS + seed)
+        _, events = session.reply(messages, policy, overrides=overrides)
         output: list[int] = []
         drafted: Counter = Counter()
         done: DoneEvent | None = None
         model_before = _model_seconds(self.backends.target, self.backends.draft)
-        for event in engine.generate(prompt, settings, rng, policy):
+        for event in events:
             if isinstance(event, TokenEvent):
                 output.append(event.id)
             elif isinstance(event, StepEvent):

@@ -178,3 +178,10 @@ def test_k_plus_or_minus_one_turns_an_adaptive_policy_into_a_fixed_k_that_stays(
                          source="model", adaptive=True, stats=TurnStats()))
     assert chat.adjust_draft_length(1) == 8 and chat.k_label == "8"
     chat.close()
+
+
+def test_an_ending_reads_as_its_value() -> None:
+    # `specchat run` writes "(length)" after its statistics, never "(Ending.LENGTH)"
+    from chatapp.chat.reply_values import Ending
+
+    assert f"{Ending.LENGTH}" == "length" and str(Ending.ERROR) == "error"

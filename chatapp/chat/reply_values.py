@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from chatapp.engine.events import FinishReason
 
 
-class Ending(str, Enum):
+class Ending(StrEnum):
     """How a reply ended: the engine's ``FinishReason`` values, or ``ERROR`` (the models failed
     while it streamed: what it made so far is kept)."""
 

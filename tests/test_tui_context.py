@@ -120,3 +120,33 @@ async def test_the_meter_counts_a_typed_at_path_as_the_file_it_attaches(tui_make
         expected = app.chat.context_use("explain @missing.py and @big.py").used
         await wait_for(pilot, lambda: meter_text(app) == f"ctx {expected}/400",
                        what="the words counted as typed")
+
+
+async def test_the_meter_reads_typed_at_path_files_off_the_apps_thread(tui_make_app, tmp_path,
+                                                                       monkeypatch):
+    # A slow disk or a file that is no file must not freeze the app while the user types: the
+    # meter's file reading runs in a thread of its own, the count comes back to the app.
+    import threading
+
+    from chatapp.tui import status_line
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "add.py").write_text("def add(a, b):\n    return a + b\n")
+    readers: list[threading.Thread] = []
+    reading = status_line.mentions_to_count
+
+    def recording(text, where):
+        readers.append(threading.current_thread())
+        return reading(text, where)
+
+    monkeypatch.setattr(status_line, "mentions_to_count", recording)
+    app = tui_make_app(tui_fake_factory(n_ctx=400, max_tokens=40), folder=folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        typed = "explain @add.py please"
+        app.chat_input.text = typed
+        as_sent = app.chat.context_use(typed, [read_attachment("add.py", folder)])
+        await wait_for(pilot, lambda: meter_text(app) == f"ctx {as_sent.used}/400",
+                       what="the file counted")
+        assert readers and threading.main_thread() not in readers

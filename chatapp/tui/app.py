@@ -27,6 +27,7 @@ from textual.widgets import Footer, TextArea
 
 from chatapp.assembly.loader import LoadProgress as ProgressCallback
 from chatapp.assembly.loader import build_session_over_history
+from chatapp.chat.context import ContextUse
 from chatapp.chat.conversation import Conversation
 from chatapp.chat.session import ChatSession
 from chatapp.errors import UserFacingError
@@ -142,9 +143,11 @@ class SpecChatApp(App[int]):
 
     def update_context(self, marker: bool = True) -> None:
         """The context meter follows the chat and the message box (see ``ContextMeter``)."""
-        use = self._meter.follow(self.chat, self.chat_input.text, self.folder)
-        if marker and use is not None:  # where the model's view begins
-            self.message_list.mark_view_start(self.chat.entries, use.left_out)
+        def mark(use: ContextUse) -> None:  # where the model's view begins
+            if marker:
+                self.message_list.mark_view_start(self.chat.entries, use.left_out)
+
+        self._meter.follow(self.chat, self.chat_input.text, self.folder, mark)
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
         if (box := event.text_area).id == "input" and self.is_running and self._meter.is_attached:

@@ -11,10 +11,12 @@ from rich.text import Text
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Static
+from textual.worker import get_current_worker
 
+from chatapp.chat.attachments import Attachment
 from chatapp.chat.context import ContextUse
 from chatapp.chat.conversation import Conversation
-from chatapp.chat.mentions import mentions_to_count
+from chatapp.chat.mentions import mentioned_paths, mentions_to_count
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config, rpc_label
 from chatapp.tui.loading import ModelLoader
@@ -111,19 +113,38 @@ class ContextMeter(Static):
 
     _timer: Timer | None = None
 
-    def follow(self, chat: Conversation, text: str, folder: Path) -> ContextUse | None:
-        """Show the context ``chat``'s next turn uses with ``text`` in the message box (None:
-        not counted), its ``@path`` files (relative to ``folder``) counted as they will be sent
-        (``mentions_to_count``); not while a worker runs the models (their tokenizer): the
-        turn's end counts again."""
+    def follow(self, chat: Conversation, text: str, folder: Path,
+               then: Callable[[ContextUse], object] = lambda use: None) -> None:
+        """Show the context ``chat``'s next turn uses with ``text`` in the message box, its
+        ``@path`` files (relative to ``folder``) counted as they will be sent
+        (``mentions_to_count``), then call ``then`` with it; not while a worker runs the models
+        (their tokenizer): the turn's end counts again. The files are read in a thread of their
+        own (a slow disk, a file that is no file, must not freeze the app); the counting, with
+        the models' tokenizer, is done back on the app's thread."""
         if chat.busy:
-            return None
+            return
+        if not mentioned_paths(text):
+            self._count(chat, text, [], then)
+            return
+
+        def read() -> None:
+            files = mentions_to_count(text, folder)[1]
+            if not get_current_worker().is_cancelled:
+                self.app.call_from_thread(self._count, chat, text, files, then)
+
+        self.run_worker(read, thread=True, group="meter", exclusive=True)
+
+    def _count(self, chat: Conversation, text: str, files: list[Attachment],
+               then: Callable[[ContextUse], object]) -> None:
+        if chat.busy or not self.is_attached:
+            return
         try:
-            use = chat.context_use(*mentions_to_count(text, folder))
+            use = chat.context_use(text, files)
         except UserFacingError:  # the models failed (a closed RPC target): the next turn says so
             use = None
         self.show(use)
-        return use
+        if use is not None:
+            then(use)
 
     def later(self, box: Widget, count: Callable[[], object]) -> None:
         """Run ``count`` once the typing in ``box`` pauses ``METER_DELAY_S`` (a new call restarts

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from chatapp.chat import mentions
 from chatapp.chat.attachments import read_attachment
 from chatapp.settings.config import Config
+from chatapp.tui import status_line
 from chatapp.tui.message_list import MessageList
 from chatapp.tui.status_line import ContextMeter
 from chatapp.tui.widgets import MessageView, Note
@@ -101,6 +103,16 @@ async def test_refuse_keeps_the_text_and_says_how_many_tokens_are_over(tui_make_
 
 async def test_the_meter_counts_a_typed_at_path_as_the_file_it_attaches(tui_make_app, tmp_path,
                                                                         monkeypatch):
+    # ... reading the file in a thread of its own: a slow disk, or a file that is no file, must
+    # not freeze the app while the user types
+    readers: list[threading.Thread] = []
+    reading = status_line.mentions_to_count
+
+    def recording(text, where):
+        readers.append(threading.current_thread())
+        return reading(text, where)
+
+    monkeypatch.setattr(status_line, "mentions_to_count", recording)
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "add.py").write_text("def add(a, b):\n    return a + b\n" * 5)
@@ -116,37 +128,9 @@ async def test_the_meter_counts_a_typed_at_path_as_the_file_it_attaches(tui_make
         assert as_sent.used > as_text.used + 20  # the file's lines, not one word
         await wait_for(pilot, lambda: meter_text(app) == f"ctx {as_sent.used}/400",
                        what="the file counted")
+        assert readers and threading.main_thread() not in readers
         app.chat_input.text = "explain @missing.py and @big.py"  # no file, or over the bound
         expected = app.chat.context_use("explain @missing.py and @big.py").used
         await wait_for(pilot, lambda: meter_text(app) == f"ctx {expected}/400",
                        what="the words counted as typed")
 
-
-async def test_the_meter_reads_typed_at_path_files_off_the_apps_thread(tui_make_app, tmp_path,
-                                                                       monkeypatch):
-    # A slow disk or a file that is no file must not freeze the app while the user types: the
-    # meter's file reading runs in a thread of its own, the count comes back to the app.
-    import threading
-
-    from chatapp.tui import status_line
-
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "add.py").write_text("def add(a, b):\n    return a + b\n")
-    readers: list[threading.Thread] = []
-    reading = status_line.mentions_to_count
-
-    def recording(text, where):
-        readers.append(threading.current_thread())
-        return reading(text, where)
-
-    monkeypatch.setattr(status_line, "mentions_to_count", recording)
-    app = tui_make_app(tui_fake_factory(n_ctx=400, max_tokens=40), folder=folder)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        typed = "explain @add.py please"
-        app.chat_input.text = typed
-        as_sent = app.chat.context_use(typed, [read_attachment("add.py", folder)])
-        await wait_for(pilot, lambda: meter_text(app) == f"ctx {as_sent.used}/400",
-                       what="the file counted")
-        assert readers and threading.main_thread() not in readers

@@ -92,13 +92,6 @@ def measure(target: Backend, context: Sequence[int], largest: int,
     feed = (list(context) * (1 + largest // max(len(context), 1)))[:largest]
     costs = measure_verify_costs(target, context, feed, range(1, largest + 1))
     draft_token = None
-    if draft is not None:
-        evaluate_sequence(draft, context, 1)
-        times = []
-        for token in feed[:DRAFT_TIMINGS]:
-            started = time.perf_counter()
-            draft.evaluate([token], 1)
-            times.append(time.perf_counter() - started)
-            draft.truncate(len(context))
-        draft_token = min(times)
+    if draft is not None:  # one token after the context: a draft step
+        draft_token = measure_verify_costs(draft, context, feed, [1], DRAFT_TIMINGS)[0].seconds
     return Calibration({c.tokens: c.seconds for c in costs}, draft_token)

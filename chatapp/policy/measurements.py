@@ -53,6 +53,11 @@ def recall(policy: AutoDraftLength, path: Path) -> bool:
     calibration = recall_calibration(path)
     if calibration is not None:
         policy.calibrate(calibration)
+    return _resume(policy, path)
+
+
+def _resume(policy: AutoDraftLength, path: Path) -> bool:
+    """Resume ``policy`` from the measurements in ``path``; False (untouched) if none."""
     try:
         policy.resume(json.loads(path.read_text(encoding="utf-8")))
     except _UNREADABLE:
@@ -87,6 +92,6 @@ def _valid_arms(path: Path, policy: AutoDraftLength) -> dict[str, Any]:
     """The per-source data in ``path`` if a policy like ``policy`` could resume from the file,
     else nothing."""
     probe = AutoDraftLength(policy.tuning)
-    if not recall(probe, path):
+    if not _resume(probe, path):
         return {}
     return probe.learnt()["arms"]

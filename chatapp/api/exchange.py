@@ -33,6 +33,7 @@ from chatapp.assembly.loader import LoadProgress, build_session
 from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
+from chatapp.chat.reply_grammar import ReplyGrammar
 from chatapp.chat.reply_settings import policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending
 from chatapp.chat.session import ChatSession, ReplyOverrides
@@ -72,11 +73,12 @@ class ExchangeRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     prediction: str | None = None
+    grammar: ReplyGrammar | None = None
 
     @property
     def overrides(self) -> ReplyOverrides:
         return ReplyOverrides(self.temperature, self.top_p, self.top_k, self.max_tokens,
-                              self.seed)
+                              self.seed, self.grammar)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from chatapp.chat.prompt import (
     fallback_template_note,
     reply_room,
 )
+from chatapp.chat.reply_grammar import ReplyGrammar
 from chatapp.engine.contracts import NO_HINTS, DraftHints, DraftPolicy
 from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
@@ -50,6 +51,7 @@ class ReplyOverrides:
     top_k: int | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    grammar: ReplyGrammar | None = None
 
 
 NO_OVERRIDES = ReplyOverrides()

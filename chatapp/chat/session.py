@@ -39,7 +39,7 @@ from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
 from chatapp.engine.stats import TurnStats
 from chatapp.policy.fixed import FixedDraftLength
-from chatapp.text_budget import plain_tokens
+from chatapp.text_budget import PromptCancelled, plain_tokens
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,11 @@ class ChatSession:
         its final statistics, None when ``cancel`` stopped it. The session's own generator is
         left alone, so later replies are as they would have been. ``clock`` times the stream's
         holding."""
-        plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
-                                self.n_ctx, self.reply_room)
+        try:
+            plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
+                                    self.n_ctx, self.reply_room)
+        except PromptCancelled:  # stopped while its prompt was read
+            return None
         settings = replace(self._settings, max_tokens=max_tokens)
         rng = np.random.default_rng(self._seed)
         events = self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0), cancel)

@@ -25,8 +25,15 @@ class GrammarConstraint:
         self._vocab_size = vocab_size
 
     def allowed(self) -> np.ndarray:
+        """As the protocol says; ``GrammarError`` where no token of the vocabulary can go on
+        (a grammar that needs text the model's tokens cannot spell)."""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, count=self._vocab_size, bitorder="little").astype(bool)
+        mask = np.unpackbits(bits, count=self._vocab_size, bitorder="little").astype(bool)
+        if self._matcher.is_error():  # llguidance then allows the stop tokens alone
+            reason = self._matcher.get_error().splitlines()[0]
+            raise GrammarError("No token of the model's vocabulary can continue the reply's "
+                               f"grammar here ({reason}).")
+        return mask
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):
@@ -63,5 +70,5 @@ class Grammars:
         matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"The {purpose} cannot be used as a grammar: "
-                               f"{matcher.get_error()}")
+                               f"{matcher.get_error().splitlines()[0]}")
         return GrammarConstraint(matcher, self._backend.vocab_size)

@@ -3,6 +3,8 @@ one backend (``Grammars``)."""
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import llguidance
 import numpy as np
 
@@ -18,7 +20,8 @@ class GrammarError(UserFacingError):
 class GrammarConstraint:
     """One reply's state in a compiled grammar (``chatapp.engine.constraint.TokenConstraint``).
 
-    Consuming a token the grammar refuses is a bug of the caller: ``RuntimeError``."""
+    Where llguidance fails (it refuses a token its mask allowed, or a rollback, or no token of
+    the vocabulary can go on), ``GrammarError``: the reply cannot go on."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
@@ -37,12 +40,15 @@ class GrammarConstraint:
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+            self._fail(f"it refused token {token}, which its mask allowed")
 
     def rollback(self, n: int) -> None:
         if n and not self._matcher.rollback(n):
-            raise RuntimeError(f"the grammar could not roll back {n} tokens: "
-                               f"{self._matcher.get_error()}")
+            self._fail(f"it could not roll back {n} tokens")
+
+    def _fail(self, what: str) -> NoReturn:
+        reason = self._matcher.get_error().splitlines()[0]
+        raise GrammarError(f"The grammar engine failed: {what} ({reason}).")
 
     @property
     def accepting(self) -> bool:

@@ -77,14 +77,20 @@ def backend(noise: float = 0.0) -> FakeBackend:
     return TimedBackend(DRAFT_CALL_S if noise else TARGET_CALL_S, noise)
 
 
-def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
-    """P(first REPLY tokens = s) under the target alone, for every sequence s."""
+def exact_law(params: SamplingParams,
+              allowed: Callable[[tuple[int, ...]], np.ndarray] | None = None,
+              ) -> dict[tuple[int, ...], float]:
+    """P(first REPLY tokens = s) under the target alone, for every sequence s; with ``allowed``
+    (the tokens a grammar allows after a prefix), the target's logits masked by it."""
     target = backend()
     law: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(REPLY):
         longer = {}
         for prefix, mass in law.items():
-            p = probabilities(evaluate_sequence(target, PROMPT + list(prefix), 1)[0], params)
+            logits = evaluate_sequence(target, PROMPT + list(prefix), 1)[0]
+            if allowed is not None:
+                logits = np.where(allowed(prefix), logits, -np.inf)
+            p = probabilities(logits, params)
             for token in range(1, VOCAB):
                 longer[prefix + (token,)] = mass * p[token]
         law = longer

@@ -24,6 +24,7 @@ from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.constraint import TokenConstraint
 from chatapp.engine.contracts import NO_HINTS, Drafter, DraftHints, DraftPolicy, source_family
 from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
 from chatapp.engine.kv import evaluate_sequence
@@ -99,9 +100,10 @@ def exact_law(params: SamplingParams,
 
 def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
                    params: SamplingParams, seed: int = 7, hints: DraftHints = NO_HINTS,
+                   constraint: Callable[[], TokenConstraint | None] = lambda: None,
                    ) -> tuple[Counter, Counter, Counter]:
     """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies, each
-    given ``hints``."""
+    given ``hints`` and a new ``constraint()``."""
     engine = SpeculativeEngine(backend(), drafter)
     rng = np.random.default_rng(seed)
     settings = GenerationSettings(params, REPLY)
@@ -109,7 +111,8 @@ def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
     replies, sources, drafted = Counter(), Counter(), Counter()
     for _ in range(SAMPLES):
         reply = []
-        for event in engine.generate(PROMPT, settings, rng, policy, hints=hints):
+        for event in engine.generate(PROMPT, settings, rng, policy, hints=hints,
+                                     constraint=constraint()):
             if isinstance(event, TokenEvent):
                 reply.append(event.id)
                 sources[event.source] += 1

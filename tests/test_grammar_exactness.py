@@ -23,14 +23,12 @@ import pytest
 import chatapp.engine.loop as loop
 from chatapp.engine.constraint import ConstrainedDraft, TokenConstraint
 from chatapp.engine.contracts import Drafter, Proposal
-from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
-from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.events import TokenSource
 from chatapp.engine.sampling import SamplingParams, probabilities
 from chatapp.grammar.matcher import Grammars
 from chatapp.policy.fixed import FixedDraftLength
+from tests import test_exactness as unconstrained
 from tests.test_exactness import (
-    PROMPT,
-    REPLY,
     SAMPLES,
     VOCAB,
     backend,
@@ -55,27 +53,13 @@ def allowed_by_hand(reply: Sequence[int]) -> np.ndarray:
     return mask
 
 
-def sample_replies(drafter: Drafter, params: SamplingParams, cuts: Counter, seed: int = 11
-                   ) -> tuple[Counter, Counter]:
-    """(reply counts, token sources) over SAMPLES replies under ``GRAMMAR``, K = 3; ``cuts``
-    counts the proposals the grammar cut ("refused") or left whole ("whole")."""
-    target = backend()
-    engine = SpeculativeEngine(target, drafter)
-    grammars = Grammars(target)
-    rng = np.random.default_rng(seed)
-    settings = GenerationSettings(params, REPLY)
-    policy = FixedDraftLength(3)
-    replies, sources = Counter(), Counter()
-    for _ in range(SAMPLES):
-        reply = []
-        constraint = grammars.constraint(GRAMMAR, "test grammar")
-        for event in engine.generate(PROMPT, settings, rng, policy, constraint=constraint):
-            if isinstance(event, TokenEvent):
-                reply.append(event.id)
-                sources[event.source] += 1
-            elif isinstance(event, StepEvent):
-                assert event.drafted <= 3
-        replies[tuple(reply)] += 1
+def sample_replies(drafter: Drafter, params: SamplingParams) -> tuple[Counter, Counter]:
+    """(reply counts, token sources) over SAMPLES replies under ``GRAMMAR``, K = 3."""
+    grammars = Grammars(backend())
+    replies, sources, drafted = unconstrained.sample_replies(
+        drafter, lambda: FixedDraftLength(3), params, seed=11,
+        constraint=lambda: grammars.constraint(GRAMMAR, "test grammar"))
+    assert max(size for _, size in drafted) >= 2  # drafts of two tokens or more were verified
     return replies, sources
 
 
@@ -104,7 +88,7 @@ CASES: dict[str, tuple[Callable[[], Drafter], SamplingParams]] = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_constrained_replies_follow_the_masked_target_law(case: str, cuts: Counter) -> None:
     make_drafter, params = CASES[case]
-    replies, sources = sample_replies(make_drafter(), params, cuts)
+    replies, sources = sample_replies(make_drafter(), params)
     assert matches_law(replies, exact_law(params, allowed_by_hand))
     # what the test claims to exercise did happen: cut drafts, whole ones, rejections, bonuses
     assert cuts["refused"] > SAMPLES // 10 and cuts["whole"] > SAMPLES // 10
@@ -119,7 +103,7 @@ def test_the_test_rejects_a_cut_draft_followed_by_a_draw_from_p(
     verify = loop.verify
     monkeypatch.setattr(loop, "verify", lambda *args: verify(*args[:4]))
     make_drafter, params = CASES["model, temperature 1"]
-    replies, _ = sample_replies(make_drafter(), params, cuts)
+    replies, _ = sample_replies(make_drafter(), params)
     assert not matches_law(replies, exact_law(params, allowed_by_hand))
 
 
@@ -130,7 +114,7 @@ def test_the_test_rejects_a_mask_without_renormalisation(
     monkeypatch.setattr(loop, "constrained_probabilities",
                         lambda logits, masks, params: probabilities(logits, params) * masks)
     make_drafter, params = CASES["model, temperature 1"]
-    replies, _ = sample_replies(make_drafter(), params, cuts)
+    replies, _ = sample_replies(make_drafter(), params)
     assert not matches_law(replies, exact_law(params, allowed_by_hand))
 
 

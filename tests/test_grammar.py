@@ -5,6 +5,7 @@ The law of constrained replies is tests/test_grammar_exactness.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 
@@ -19,7 +20,7 @@ from chatapp.chat.reply_values import Ending
 from chatapp.grammar.matcher import Grammars
 from chatapp.grammar.vocabulary import SPECIAL_MARK, grammar_tokenizer
 from chatapp.serve.schemas import ChatCompletionRequest
-from tests.test_exchange import ask, exchange, run
+from tests.test_exchange import CONFIG, ask, exchange, run
 
 # The fake's vocabulary spells these words ("the ", "spec", "draft ", "K" are tokens of it).
 WORDS = ReplyGrammar('start: "the " ("spec" | "draft " | "a" | "b")+ "K"', "test words")
@@ -35,6 +36,17 @@ def test_a_reply_matches_its_grammar_and_ends_where_the_grammar_does(temperature
         assert MATCH.fullmatch(result.text), result.text
         assert result.finish_reason is Ending.STOP
     assert result.stats.drafted > 0
+
+
+def test_a_greedy_constrained_reply_is_the_target_alones() -> None:
+    """At temperature 0 drafting changes nothing under a grammar: the same reply as K = 0."""
+    alone = exchange(200, dataclasses.replace(CONFIG, draft_length="0"))
+    drafting = exchange(200)
+    for prompt in ("the user asks", "the draft is the target", "spec spec spec"):
+        _, plain = run(alone, ask(prompt, grammar=WORDS))
+        _, drafted = run(drafting, ask(prompt, grammar=WORDS))
+        assert drafted.text == plain.text and plain.stats.drafted == 0
+    assert drafted.stats.drafted > 0
 
 
 def test_without_a_grammar_the_same_request_says_other_things() -> None:

@@ -41,14 +41,15 @@ from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
+from chatapp.grammar.matcher import GrammarError
 from chatapp.policy.draft_length import DraftLength
 from chatapp.settings.config import Config
 from chatapp.text_budget import PromptCancelled, PromptOverLimit
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
-           "PredictionTooLongError", "PromptCancelled", "PromptTooLongError", "ReplyDelta",
-           "SourceCounts", "open_exchange"]
+           "GrammarError", "PredictionTooLongError", "PromptCancelled", "PromptTooLongError",
+           "ReplyDelta", "ReplyGrammar", "SourceCounts", "open_exchange"]
 log = logging.getLogger(__name__)
 
 

@@ -38,6 +38,7 @@ from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
 from chatapp.engine.stats import TurnStats
+from chatapp.grammar.matcher import GrammarConstraint, Grammars
 from chatapp.policy.fixed import FixedDraftLength
 from chatapp.text_budget import PromptCancelled, plain_tokens
 
@@ -72,6 +73,7 @@ class ChatSession:
         self._system_prompt = system_prompt
         self._rng = np.random.default_rng(seed)
         self._told_fallback = False
+        self._grammars = Grammars(engine.target)
         self.notes = notes
         self.takes_prediction = takes_prediction
 
@@ -165,14 +167,17 @@ class ChatSession:
               ) -> tuple[PromptPlan, Iterator[Event]]:
         """Plan the prompt of ``messages`` under ``rules`` (may raise what they raise) and return
         the plan with the reply's event stream, drafted with ``policy`` and ``hints``; setting
-        ``cancel`` ends the reply after the step under way."""
+        ``cancel`` ends the reply after the step under way. A grammar in ``overrides`` holds the
+        reply to it (``GrammarError`` when llguidance cannot compile it)."""
         settings = self._settings_with(overrides)
         plan = rules.plan(self._renderer(cancel), self._system_prompt, messages, self.n_ctx,
                           reply_room(settings.max_tokens, self.n_ctx))
         plan = replace(plan, fallback_template=self._engine.target.uses_fallback_template,
                        note=self._fallback_note())
+        constraint = self._constraint(overrides.grammar)
         rng = self._rng if overrides.seed is None else np.random.default_rng(overrides.seed)
-        return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints)
+        return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints,
+                                           constraint)
 
     def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
                      cancel: threading.Event, clock: EngineClock | None = None
@@ -201,6 +206,11 @@ class ChatSession:
             return self._engine.target.chat_prompt(messages, limit, cancel)
 
         return render
+
+    def _constraint(self, grammar: ReplyGrammar | None) -> GrammarConstraint | None:
+        """A reply's constraint for ``grammar`` over the target's vocabulary (None: none)."""
+        return None if grammar is None else self._grammars.constraint(grammar.lark,
+                                                                       grammar.purpose)
 
     def _settings_with(self, overrides: ReplyOverrides) -> GenerationSettings:
         base = self._settings

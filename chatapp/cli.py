@@ -84,6 +84,8 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--temperature", **_option("temperature"), help="0 = greedy")
     common.add_argument("--top-k", **_option("top_k"), help="0 = off")
     common.add_argument("--top-p", **_option("top_p"), help="nucleus mass in (0, 1]; 1 = off")
+    common.add_argument("--min-p", **_option("min_p"),
+                        help="keep tokens at least this times as likely as the best; 0 = off")
     common.add_argument("--seed", **_option("seed"),
                         help="random seed (default: a new one per start)")
     common.add_argument("--max-tokens", **_option("max_tokens"), help="longest reply, in tokens")

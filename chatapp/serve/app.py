@@ -1,7 +1,14 @@
 """The routes of `specchat serve`, on aiohttp:
 
-- ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases;
-- ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events;
+- ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases
+  (the names ``--served-model-name`` adds among them);
+- ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events, under
+  whatever model name the request gives (one pair is loaded: every name is served by it, and
+  the answer carries the name asked for); with tools, the reply's calls as OpenAI's
+  ``tool_calls`` (``chatapp.api.tool_calls``); the fields it ignored named in the
+  ``x-specchat-ignored`` header;
+- ``GET /health``: 200 ``{"status": "ok", "model": ...}`` (the server listens once the models
+  are loaded);
 - ``GET /metrics``: Prometheus' text format.
 
 Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
@@ -31,7 +38,8 @@ from chatapp.api.exchange import (
     PromptTooLongError,
     ReplyDelta,
 )
-from chatapp.errors import UserFacingError
+from chatapp.api.tool_calls import StreamItem, ToolCallStream, parse_reply
+from chatapp.errors import RequestRefused, UserFacingError
 from chatapp.serve.connections import Connections
 from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
 from chatapp.serve.guard import Guard
@@ -75,6 +83,7 @@ class ApiServer:
             web.get("/v1/models", self._list_models),
             web.get("/v1/models/{model:.+}", self._get_model),
             web.post("/v1/chat/completions", self._chat),
+            web.get("/health", self._health),
             web.get("/metrics", self._metrics),
         ])
         return app
@@ -118,6 +127,9 @@ class ApiServer:
         alias_of = self.models[0] if ident != self.models[0] else None
         return web.json_response(model_object(ident, self.created, alias_of))
 
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": self.models[0]})
+
     async def _metrics(self, request: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.exposition())
         response.headers["Content-Type"] = CONTENT_TYPE
@@ -125,16 +137,17 @@ class ApiServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_body(request)
-        if body.model not in self.models:
-            raise _unknown_model(body.model)
+        ignored = _ignored_header(body)
         exchange_request = body.exchange()
         try:
             async with self.worker.job(
                     lambda cancel: self.exchange.run(exchange_request, cancel)) as job:
                 pending = await _started(job)
                 if body.stream:
-                    return await self._stream(request, body, job, pending)
-                return await self._whole(job, pending)
+                    return await self._stream(request, body, job, pending, ignored)
+                response = await self._whole(body, job, pending)
+                response.headers.update(ignored)
+                return response
         except QueueFull as full:
             raise _queue_full(full.retry_after) from None
         except (Closing, PromptCancelled):
@@ -145,6 +158,8 @@ class ApiServer:
         except PredictionTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
                            param="prediction") from None
+        except RequestRefused as error:
+            raise ApiError(400, str(error), code="unsupported_value", param="tools") from None
 
     async def _read_body(self, request: web.Request) -> ChatCompletionRequest:
         """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown
@@ -167,7 +182,7 @@ class ApiServer:
         finally:
             self._reading -= large
 
-    async def _whole(self, job: JobStream[ExchangeEvent],
+    async def _whole(self, body: ChatCompletionRequest, job: JobStream[ExchangeEvent],
                      pending: list[ExchangeEvent]) -> web.Response:
         """A reply without ``stream``: all of it at once."""
         result = await _result(job, pending)
@@ -175,28 +190,32 @@ class ApiServer:
             raise server_error("specchat serve is stopping: the reply was cut short.",
                                "server_stopping", 503)
         self.metrics.reply(result)
-        return web.json_response(completion(completion_id(), int(time.time()),
-                                            self.models[0], result))
+        tools = body.tool_set
+        reply = parse_reply(result.text, tools) if ToolCallStream(tools).active else None
+        return web.json_response(completion(completion_id(), int(time.time()), body.model,
+                                            result, reply))
 
     async def _stream(self, request: web.Request, body: ChatCompletionRequest,
-                      job: JobStream[ExchangeEvent],
-                      pending: list[ExchangeEvent]) -> web.StreamResponse:
+                      job: JobStream[ExchangeEvent], pending: list[ExchangeEvent],
+                      ignored: dict[str, str]) -> web.StreamResponse:
         """A streamed reply: a role chunk, text chunks as tokens come (with their sources), the
         end chunk, the usage chunk if asked, ``[DONE]``. A failure once the stream has started
         is its last event (an OpenAI error object), without ``[DONE]``."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+                                               "Cache-Control": "no-cache", **ignored})
         response.headers.update(self.guard.cors_headers(request.headers.get("Origin")))
         await response.prepare(request)
-        chunks = ChunkMaker(self.models[0], body.include_usage)
+        chunks = ChunkMaker(body.model, body.include_usage)
+        calls = ToolCallStream(body.tool_set)
         try:
             await response.write(chunks.role())
-            result = await _stream_text(response, chunks, job, pending)
+            result = await _stream_text(response, chunks, calls, job, pending)
             if result.finish_reason == "cancelled":
                 raise server_error("specchat serve is stopping: the reply was cut short.",
                                    "server_stopping", 503)
             self.metrics.reply(result)
-            await response.write(chunks.end(result))
+            await _write_items(response, chunks, calls.finish())
+            await response.write(chunks.end(result, bool(calls.calls)))
             if body.include_usage:
                 await response.write(chunks.usage(result))
             await response.write(DONE)
@@ -213,7 +232,18 @@ class ApiServer:
         return response
 
 
-_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/metrics")
+_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/health", "/metrics")
+IGNORED_HEADER = "x-specchat-ignored"
+
+
+def _ignored_header(body: ChatCompletionRequest) -> dict[str, str]:
+    """The header that names the fields the request sent and the server ignored (none: {});
+    logged at debug level."""
+    ignored = body.ignored
+    if not ignored:
+        return {}
+    log.debug("specchat serve: ignored request fields: %s", ", ".join(ignored))
+    return {IGNORED_HEADER: ", ".join(ignored)}
 
 
 async def _started(job: JobStream[ExchangeEvent]) -> list[ExchangeEvent]:
@@ -237,12 +267,13 @@ async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
         events = await job.next()
 
 
-async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
+async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker, calls: ToolCallStream,
                        job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
                        ) -> ExchangeResult:
-    """Write the reply's text as its events come, from ``events`` on; its result."""
+    """Write the reply's text as its events come, from ``events`` on (read for ``calls`` when
+    they are active); its result."""
     while True:
-        result = await _write_events(response, chunks, events)
+        result = await _write_events(response, chunks, calls, events)
         if result is not None:
             await job.turn_over()
             return result
@@ -252,7 +283,8 @@ async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
 
 
 async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
-                        events: list[ExchangeEvent]) -> ExchangeResult | None:
+                        calls: ToolCallStream, events: list[ExchangeEvent]
+                        ) -> ExchangeResult | None:
     """Write the text of ``events`` as one chunk; the result if they hold the end."""
     pieces: list[Any] = []
     result = None
@@ -261,9 +293,17 @@ async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
             pieces.extend(event.pieces)
         elif isinstance(event, ExchangeDone):
             result = event.result
-    if pieces:
+    if pieces and calls.active:
+        await _write_items(response, chunks, calls.push("".join(text for text, _ in pieces)))
+    elif pieces:
         await response.write(chunks.content(pieces))
     return result
+
+
+async def _write_items(response: web.StreamResponse, chunks: ChunkMaker,
+                       items: list[StreamItem]) -> None:
+    if items:
+        await response.write(chunks.items(items))
 
 
 def _queue_full(retry_after: int) -> ApiError:

@@ -40,11 +40,12 @@ class ServeOptions:
     cors: tuple[str, ...] = ()
     queue: int = 4  # requests that may wait while one is generated
     save: bool = False  # write the exchanges to the chat history
+    served_names: tuple[str, ...] = ()  # more names /v1/models lists (--served-model-name)
 
 
-def model_ids(config: Config) -> list[str]:
+def model_ids(config: Config, served_names: tuple[str, ...] = ()) -> list[str]:
     """The loaded pair as one model id ("qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"), then its
-    aliases: "specchat" and the target's name."""
+    aliases: "specchat", the target's name and ``served_names``."""
     target = _name(config.target)
     if config.draft_length == "0":
         primary = target
@@ -52,7 +53,7 @@ def model_ids(config: Config) -> list[str]:
         primary = f"{target}+ngram"
     else:
         primary = f"{target}+{_name(config.draft)}"
-    return list(dict.fromkeys([primary, "specchat", target]))
+    return list(dict.fromkeys([primary, "specchat", target, *served_names]))
 
 
 def _name(model: str) -> str:
@@ -134,7 +135,8 @@ async def _serve(config: Config, options: ServeOptions, api_key: str | None,
     host, port = sock.getsockname()[:2]
     guard = Guard(host, port, api_key, options.cors)
     connections = Connections()
-    server = ApiServer(exchange, worker, guard, model_ids(config), connections)
+    server = ApiServer(exchange, worker, guard, model_ids(config, options.served_names),
+                       connections)
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
                            handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
                            keepalive_timeout=connections.keepalive_s)

@@ -25,7 +25,8 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 REPLIES = {
     CALL: (None, [("get_weather", '{"city": "Paris"}')]),
     "Let me look.\n" + CALL + "\n" + CALL.replace("Paris", "Rome"): (
-        "Let me look.", [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]),
+        "Let me look.",
+        [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]),
     '<tool_call>{"name": "get_weather", "arguments": {"city": "P", "x": {"y": [1]}} }</tool_call>':
         (None, [("get_weather", '{"city": "P", "x": {"y": [1]}}')]),
     '<tool_call>\n{"arguments": {}, "name": "f"}\n</tool_call>': (None, [("f", "{}")]),

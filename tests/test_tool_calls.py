@@ -34,6 +34,8 @@ REPLIES = {
         (None, [("get_weather", '{"city": "Paris"}')]),
     '{"name": "get_weather", "arguments": {"city": "Paris"}}':
         (None, [("get_weather", '{"city": "Paris"}')]),
+    '{{"name": "get_weather", "arguments": {"city": "London"}}}':
+        (None, [("get_weather", '{"city": "London"}')]),
     '{"name": "unknown", "arguments": {}}': ('{"name": "unknown", "arguments": {}}', []),
     '{"a": 1} is JSON': ('{"a": 1} is JSON', []),
     "text with <tool_ca in it": ("text with <tool_ca in it", []),

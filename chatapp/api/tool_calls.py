@@ -11,11 +11,13 @@ reply whole always agree.
 
 What counts as a call: a tagged object whose ``name`` is a declared function and which has
 ``arguments`` (an object, or a JSON text). With the choice "auto", "required" or a named
-function, a reply that is only such an object (optionally in a ``` fence) is a call too: the
-small models often write it so. Such a reply is held back until it ends (it may turn out to be
-text). Anything else, an unknown name or a tag that does not parse, stays text. Text that is
-only white space around the calls is dropped. With ``parallel`` off only the first call counts
-(later ones are dropped). With the choice "none" (or no tools) the text is the reply.
+function, a reply that is only such an object (optionally in a ``` fence, its braces optionally
+doubled) is a call too: the small models often write it so, imitating the example
+``{{"name": ...}}`` that Qwen2.5's template prints. Such a reply is held back until it ends
+(it may turn out to be text). Anything else, an unknown name or a tag that does not parse,
+stays text. White space around the calls and at the reply's ends is dropped. With ``parallel``
+off only the first call counts (later ones are dropped). With the choice "none" (or no
+tools) the text is the reply.
 """
 
 from __future__ import annotations
@@ -207,11 +209,11 @@ class ToolCallStream:
     # -- helpers --------------------------------------------------------------------------------
 
     def _as_call(self, body: str) -> tuple[str, str] | None:
-        """``(name, arguments)`` if ``body`` is a call of a declared function."""
-        try:
-            value: Any = json.loads(body)
-        except ValueError:
-            return None
+        """``(name, arguments)`` if ``body`` is a call of a declared function (its braces may
+        be doubled, as Qwen2.5's template prints its example call)."""
+        value = _json(body)
+        if value is None and body.strip().startswith("{{") and body.strip().endswith("}}"):
+            value = _json(body.strip()[1:-1])
         if not (isinstance(value, dict) and value.get("name") in self.tools.names
                 and "arguments" in value):
             return None
@@ -243,6 +245,14 @@ class ToolCallStream:
             return []
         shown, self._space = self._space + body, text[len(body):]
         return [shown]
+
+
+def _json(text: str) -> Any:
+    """``text`` as JSON; None if it is not."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _partial_tag(text: str) -> int:

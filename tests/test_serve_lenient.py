@@ -4,7 +4,11 @@ any model name (and ``--served-model-name``), ``GET /health``, tools given to th
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
+import time
 
 import pytest
 
@@ -79,9 +83,43 @@ def test_any_model_name_is_served_and_the_served_names_are_listed(server) -> Non
     assert other.model == "some-model-nobody-listed"
 
 
-def test_health_answers_once_the_models_are_loaded(server) -> None:
-    status, _, data = raw(server, "GET", "/health")
-    assert status == 200 and json.loads(data)["status"] == "ok"
+def test_health_answers_503_while_loading_then_200(tmp_path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = threading.Event()
+    loading = []
+
+    def poll() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not started.is_set():
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                connection.request("GET", "/health", headers={"Host": f"127.0.0.1:{port}"})
+                response = connection.getresponse()
+                loading.append((response.status, json.loads(response.read())))
+                connection.request("POST", "/v1/chat/completions", json.dumps(chat()),
+                                   {"Host": f"127.0.0.1:{port}",
+                                    "Content-Type": "application/json"})
+                response = connection.getresponse()
+                loading.append((response.status, json.loads(response.read())))
+                connection.close()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    server = ServeProcess(tmp_path, ["--fake-load-delay", "3", "--port", str(port)])
+    started.set()
+    poller.join()
+    try:
+        assert loading[0] == (503, {"status": "loading"})
+        assert loading[1][0] == 503 and loading[1][1]["error"]["code"] == "loading"
+        status, _, data = raw(server, "GET", "/health")
+        assert status == 200 and json.loads(data)["status"] == "ok"
+    finally:
+        server.stop()
 
 
 def test_tools_and_tool_messages_are_taken(server) -> None:

@@ -7,8 +7,9 @@
   the answer carries the name asked for); with tools, the reply's calls as OpenAI's
   ``tool_calls`` (``chatapp.api.tool_calls``); the fields it ignored named in the
   ``x-specchat-ignored`` header;
-- ``GET /health``: 200 ``{"status": "ok", "model": ...}`` (the server listens once the models
-  are loaded);
+- ``GET /health``: 200 ``{"status": "ok", "model": ...}`` once the models are loaded, 503
+  ``{"status": "loading"}`` before (the server listens while they load; chat requests get 503
+  ``loading`` then);
 - ``GET /metrics``: Prometheus' text format.
 
 Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
@@ -64,9 +65,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ApiServer:
-    """The routes over one loaded ``exchange``; ``models``: the model id, then its aliases."""
+    """The routes over one loaded ``exchange`` (None while it loads: ``loaded`` gives it);
+    ``models``: the model id, then its aliases."""
 
-    def __init__(self, exchange: ChatExchange, worker: EngineWorker, guard: Guard,
+    def __init__(self, exchange: ChatExchange | None, worker: EngineWorker, guard: Guard,
                  models: Sequence[str], connections: Connections | None = None) -> None:
         self.exchange = exchange
         self.connections = connections or Connections()
@@ -76,6 +78,10 @@ class ApiServer:
         self.created = int(time.time())
         self.metrics = ServeMetrics(lambda: worker.waiting, lambda: float(worker.busy))
         self._reading = 0  # large request bodies being read
+
+    def loaded(self, exchange: ChatExchange) -> None:
+        """The models are loaded: answer with ``exchange`` from now on."""
+        self.exchange = exchange
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._guarded], client_max_size=MAX_BODY)
@@ -128,6 +134,8 @@ class ApiServer:
         return web.json_response(model_object(ident, self.created, alias_of))
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.exchange is None:
+            return web.json_response({"status": "loading"}, status=503)
         return web.json_response({"status": "ok", "model": self.models[0]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -137,11 +145,15 @@ class ApiServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_body(request)
+        exchange = self.exchange
+        if exchange is None:
+            raise server_error("specchat serve is loading its models: retry in a moment.",
+                               "loading", 503)
         ignored = _ignored_header(body)
         exchange_request = body.exchange()
         try:
             async with self.worker.job(
-                    lambda cancel: self.exchange.run(exchange_request, cancel)) as job:
+                    lambda cancel: exchange.run(exchange_request, cancel)) as job:
                 pending = await _started(job)
                 if body.stream:
                     return await self._stream(request, body, job, pending, ignored)

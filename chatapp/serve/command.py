@@ -127,21 +127,26 @@ async def _serve(config: Config, options: ServeOptions, api_key: str | None,
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stopping)
     worker = EngineWorker(options.queue)
-    exchange: ChatExchange = await worker.call(open_exchange, config, _progress, options.save,
-                                               factory)
-    _progress("", None)
-    for note in exchange.session.notes:
-        print(f"note: {note}", file=sys.stderr)
     host, port = sock.getsockname()[:2]
     guard = Guard(host, port, api_key, options.cors)
     connections = Connections()
-    server = ApiServer(exchange, worker, guard, model_ids(config, options.served_names),
+    server = ApiServer(None, worker, guard, model_ids(config, options.served_names),
                        connections)
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
                            handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
                            keepalive_timeout=connections.keepalive_s)
     await runner.setup()
-    await LimitedSite(runner, sock, connections).start()
+    await LimitedSite(runner, sock, connections).start()  # 503 "loading" until the models are
+    try:
+        exchange: ChatExchange = await worker.call(open_exchange, config, _progress,
+                                                   options.save, factory)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    server.loaded(exchange)
+    _progress("", None)
+    for note in exchange.session.notes:
+        print(f"note: {note}", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"specchat serve: http://{shown}:{port}/v1 (model {server.models[0]}; Ctrl+C stops)",
           flush=True)

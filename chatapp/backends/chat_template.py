@@ -86,10 +86,11 @@ def render_chat(template: str | None, messages: Sequence[TemplateMessage], bos_t
 
 
 def tool_literals(messages: Sequence[TemplateMessage], tools: Tools) -> list[str]:
-    """The JSON texts a template writes of ``tools`` and of the messages' tool call arguments."""
-    arguments = [_tojson(_arguments(call.arguments))
-                 for m in messages for call in getattr(m, "tool_calls", ())]
-    return [_tojson(tool) for tool in tools] + arguments
+    """The texts a template writes of ``tools`` and of the messages' tool calls: the JSON of
+    each tool and of each call's arguments, and each call's id."""
+    calls = [call for m in messages for call in getattr(m, "tool_calls", ())]
+    return ([_tojson(tool) for tool in tools] + [_tojson(_arguments(c.arguments)) for c in calls]
+            + [call.id for call in calls])
 
 
 def shows_tools(text: str, tools: Tools) -> str:

@@ -118,6 +118,22 @@ def test_a_tool_result_reaches_the_model_as_a_tool_response() -> None:
         in text
 
 
+def test_the_tool_call_tags_are_single_tokens_the_reply_text_spells_out() -> None:
+    """Qwen2.5's <tool_call> and </tool_call> are added tokens (not control tokens, not stops):
+    the engine's text of a reply (``token_bytes``) holds them as those characters, which is
+    what the reply's calls are read from."""
+    from chatapp.backends.llama_cpp import LlamaCppBackend
+
+    target = LlamaCppBackend(ensure_model(CATALOG[DEFAULT_TARGET]), n_ctx=256)
+    try:
+        for tag in ("<tool_call>", "</tool_call>"):
+            (token,) = target.tokenize(tag)
+            assert target.token_bytes(token) == tag.encode()
+            assert token not in target.stop_ids
+    finally:
+        target.close()
+
+
 def test_a_tool_result_sent_back_is_answered(server) -> None:
     messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",

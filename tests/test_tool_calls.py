@@ -43,6 +43,9 @@ REPLIES = {
         ('<tool_call>{"name": "nope", "arguments": {}}</tool_call> x', []),
     '<tool_call>\n{"name": "f", "arguments": {"q": 1}}': (None, [("f", '{"q": 1}')]),
     "  plain\n\n text \n": ("plain\n\n text", []),
+    "```python\nprint(1)\n```": ("```python\nprint(1)\n```", []),
+    '```json\n{"a": 1}\n```\nThat is JSON.': ('```json\n{"a": 1}\n```\nThat is JSON.', []),
+    "`code` and text": ("`code` and text", []),
 }
 
 
@@ -91,6 +94,16 @@ def test_a_tagged_calls_arguments_stream_before_the_call_ends() -> None:
     assert isinstance(items[0], CallStart) and items[0].name == "get_weather"
     assert "".join(item.text for item in items[1:] if isinstance(item, ArgumentsPart)) == (
         '{"city": "Pa"')
+
+
+def test_a_reply_that_cannot_be_a_bare_call_streams_before_it_ends() -> None:
+    stream = ToolCallStream(TOOLS)
+    assert stream.push("```py") == [] and stream.push("thon\n") == []
+    assert stream.push("print(1)") == ["```python\nprint(1)"]
+    stream = ToolCallStream(TOOLS)
+    assert stream.push('{"name": "get_weather", "arguments": {}}') == []
+    assert stream.push(" is how a call looks") == [
+        '{"name": "get_weather", "arguments": {}} is how a call looks']
 
 
 def test_without_tools_or_with_choice_none_the_text_is_the_reply() -> None:

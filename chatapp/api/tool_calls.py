@@ -13,11 +13,11 @@ What counts as a call: a tagged object whose ``name`` is a declared function and
 ``arguments`` (an object, or a JSON text). With the choice "auto", "required" or a named
 function, a reply that is only such an object (optionally in a ``` fence, its braces optionally
 doubled) is a call too: the small models often write it so, imitating the example
-``{{"name": ...}}`` that Qwen2.5's template prints. Such a reply is held back until it ends
-(it may turn out to be text). Anything else, an unknown name or a tag that does not parse,
-stays text. White space around the calls and at the reply's ends is dropped. With ``parallel``
-off only the first call counts (later ones are dropped). With the choice "none" (or no
-tools) the text is the reply.
+``{{"name": ...}}`` that Qwen2.5's template prints. Such a reply is held back while it may still
+be one (until its fence is followed by anything but ``{``, or text follows its JSON object).
+Anything else, an unknown name or a tag that does not parse, stays text. White space around
+the calls and at the reply's ends is dropped. With ``parallel`` off only the first call counts
+(later ones are dropped). With the choice "none" (or no tools) the text is the reply.
 """
 
 from __future__ import annotations
@@ -113,8 +113,9 @@ class ToolCallStream:
         if not self._began and self._text.strip():
             self._began = True
             self._held = self._text.lstrip()[:1] in ("{", "`")
-        if self._held:
+        if self._held and _may_be_bare_call(self._text):
             return []
+        self._held = False
         return self._advance()
 
     def finish(self) -> list[StreamItem]:
@@ -245,6 +246,29 @@ class ToolCallStream:
             return []
         shown, self._space = self._space + body, text[len(body):]
         return [shown]
+
+
+def _may_be_bare_call(text: str) -> bool:
+    """Whether a reply that begins with ``text`` may still be only a JSON object, in a fence or
+    not (it is held back while it may)."""
+    text = text.lstrip()
+    if text.startswith("`"):
+        if not ("```".startswith(text[:3]) or text.startswith("```")):
+            return False
+        newline = text.find("\n")
+        if newline < 0:
+            return True
+        text = text[newline + 1:].lstrip()
+        if not text:
+            return True
+    if not text.startswith("{"):
+        return False
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return True  # not whole yet (or doubled braces): only its end can tell
+    rest = text[end:].strip()
+    return "```".startswith(rest)
 
 
 def _json(text: str) -> Any:

@@ -227,3 +227,37 @@ def test_a_call_id_a_template_writes_stays_plain_text() -> None:
     controls = ControlTokens({"<|im_end|>": 1, "<|im_start|>": 2})
     tokens = assemble(parts, controls, lambda text, special=False: [ord(c) + 10 for c in text])
     assert tokens.count(1) == 1
+
+
+# -- the API's objects ------------------------------------------------------------------------
+
+def test_the_completion_and_its_chunks_carry_openais_tool_calls() -> None:
+    from chatapp.api.exchange import ExchangeResult
+    from chatapp.chat.reply_values import DraftLengthUse, Ending
+    from chatapp.engine.stats import TurnStats
+    from chatapp.serve.responses import ChunkMaker, completion
+
+    text = "Let me look.\n" + CALL
+    result = ExchangeResult(text, Ending.STOP, TurnStats(), DraftLengthUse(False, 3))
+    reply = parse_reply(text, TOOLS)
+    choice = completion("id", 0, "gpt-4o-mini", result, reply)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    (call,) = choice["message"]["tool_calls"]
+    assert call == {"id": reply.calls[0].id, "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    cut = ExchangeResult(text, Ending.LENGTH, TurnStats(), DraftLengthUse(False, 3))
+    assert completion("id", 0, "m", cut, reply)["choices"][0]["finish_reason"] == "length"
+    plain = completion("id", 0, "m", result)["choices"][0]
+    assert plain["finish_reason"] == "stop" and plain["message"]["content"] == text
+
+    stream = ToolCallStream(TOOLS)
+    chunks = ChunkMaker("m", False)
+    deltas = [json.loads(chunks.items(stream.push(text[i:i + 4]))[6:])["choices"][0]["delta"]
+              for i in range(0, len(text), 4)]
+    calls = [call for delta in deltas for call in delta.get("tool_calls", ())]
+    assert calls[0]["id"] == stream.calls[0].id and calls[0]["function"]["name"] == "get_weather"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Paris"}'
+    assert "".join(delta.get("content", "") for delta in deltas) == "Let me look."
+    end = json.loads(chunks.end(result, called=True)[6:])
+    assert end["choices"][0]["finish_reason"] == "tool_calls"

@@ -261,3 +261,23 @@ def test_the_completion_and_its_chunks_carry_openais_tool_calls() -> None:
     assert "".join(delta.get("content", "") for delta in deltas) == "Let me look."
     end = json.loads(chunks.end(result, called=True)[6:])
     assert end["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_saved_exchanges_keep_tool_calls_and_results_in_their_tags(tmp_path) -> None:
+    from chatapp.api.served import ServedChats
+    from chatapp.chat.history import HistoryStore
+    from chatapp.engine.stats import TurnStats
+
+    history = HistoryStore(tmp_path / "history.sqlite3")
+    served = ServedChats(history, "draft", "target")
+    messages = [ChatMessage("user", "Weather in Paris?"),
+                ChatMessage("assistant", "", (ToolCall("call_1", "get_weather",
+                                                       '{"city": "Paris"}'),)),
+                ChatMessage("tool", "18 C")]
+    chat = served.save(messages, None, "It is 18 C.", [], TurnStats(), "stop", {})
+    assert chat is not None
+    stored = [(m.role, m.content) for m in history.messages(chat)]
+    served.close()
+    assert stored == [("user", "Weather in Paris?"),
+                      ("assistant", CALL), ("user", "<tool_response>\n18 C\n</tool_response>"),
+                      ("assistant", "It is 18 C.")]

@@ -42,6 +42,8 @@ REPLIES = {
     '<tool_call>{"name": "nope", "arguments": {}}</tool_call> x':
         ('<tool_call>{"name": "nope", "arguments": {}}</tool_call> x', []),
     '<tool_call>\n{"name": "f", "arguments": {"q": 1}}': (None, [("f", '{"q": 1}')]),
+    '<tool_call>\n{"name": "f", "arguments": {"q": "}"}\n</tool_call>':  # no closing }
+        (None, [("f", '{"q": "}"}')]),
     "  plain\n\n text \n": ("plain\n\n text", []),
     "```python\nprint(1)\n```": ("```python\nprint(1)\n```", []),
     '```json\n{"a": 1}\n```\nThat is JSON.': ('```json\n{"a": 1}\n```\nThat is JSON.', []),

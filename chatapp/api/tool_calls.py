@@ -126,8 +126,7 @@ class ToolCallStream:
             return self._finish_held()
         items = self._advance()
         if self._call is not None:  # a call left open: a call if its body parses
-            call, self._call = self._call, None
-            items += self._close(call, self._text)
+            items += self._close(self._text)
         else:
             items += self._visible(self._text)
         self._text = ""
@@ -141,10 +140,9 @@ class ToolCallStream:
             if self._call is not None:
                 end = self._text.find(CLOSE)
                 if end < 0:
-                    items += self._call_progress()
+                    items += self._call_progress(self._text)
                     return items
-                call, self._call = self._call, None
-                items += self._close(call, self._text[:end])
+                items += self._close(self._text[:end])
                 self._text = self._text[end + len(CLOSE):]
                 continue
             start = self._text.find(OPEN)
@@ -158,38 +156,41 @@ class ToolCallStream:
             self._call = _OpenCall()
             self._space = ""
 
-    def _call_progress(self) -> list[StreamItem]:
-        """Give out what is sure of the open call: its start once the name is read, then its
-        arguments up to the last ``}`` (which may close the call's object)."""
+    def _call_progress(self, body: str) -> list[StreamItem]:
+        """Give out what is sure of the open call, ``body`` its text so far: its start once the
+        name is read, then its arguments up to the last ``}`` (which may close the call's
+        object)."""
         call = self._call
         assert call is not None
         items: list[StreamItem] = []
         if call.start is None:
-            header = _HEADER.match(self._text)
-            if (header is None or header.end() == len(self._text)  # white space may follow
+            header = _HEADER.match(body)
+            if (header is None or header.end() == len(body)  # white space may follow
                     or header.group(1) not in self.tools.names or self._full()):
                 return items
             call.start = CallStart(len(self.calls), new_call_id(), header.group(1))
             call.args_at = header.end()
             items.append(call.start)
         at = call.args_at + call.given
-        sure = self._text[at:max(at, self._text.rfind("}"))].rstrip()
+        sure = body[at:max(at, body.rfind("}"))].rstrip()
         if sure:
             items.append(ArgumentsPart(call.start.index, sure))
             call.given += len(sure)
         return items
 
-    def _close(self, call: _OpenCall, body: str) -> list[StreamItem]:
-        """The call's end, with ``body`` its whole text: the rest of its arguments, or, if it
-        did not stream, the call whole; text if it is no call."""
+    def _close(self, body: str) -> list[StreamItem]:
+        """The open call's end, ``body`` its whole text: the rest of its arguments once its
+        name was read (whether the text came at once or in pieces), else the call whole if
+        ``body`` is one; text if it is no call."""
+        items = self._call_progress(body)
+        call, self._call = self._call, None
+        assert call is not None
         self._edge = True
         if call.start is not None:
-            whole = body.rstrip()
-            whole = whole[:-1] if whole.endswith("}") else whole
-            arguments = whole[call.args_at:].rstrip()
+            arguments = _arguments_of(body[call.args_at:].rstrip())
             self.calls.append(ToolCall(call.start.id, call.start.name, arguments))
             rest = arguments[call.given:]
-            return [ArgumentsPart(call.start.index, rest)] if rest else []
+            return items + [ArgumentsPart(call.start.index, rest)] * bool(rest)
         parsed = self._as_call(body)
         if parsed is None:
             self._edge = False
@@ -269,6 +270,17 @@ def _may_be_bare_call(text: str) -> bool:
         return True  # not whole yet (or doubled braces): only its end can tell
     rest = text[end:].strip()
     return "```".startswith(rest)
+
+
+def _arguments_of(tail: str) -> str:
+    """A streamed call's arguments, from ``tail``, its text after ``"arguments":``: less the
+    ``}`` that closes the call's object, unless the model left that out (then the tail without
+    it is no JSON, the whole tail is)."""
+    if tail.endswith("}"):
+        inner = tail[:-1].rstrip()
+        if _json(inner) is not None or _json(tail) is None:
+            return inner
+    return tail
 
 
 def _json(text: str) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chatapp.api.tool_calls import ArgumentsPart, CallStart, ToolCallStream, parse_reply
 from chatapp.api.tool_grammar import tool_call_grammar
@@ -88,6 +90,36 @@ def test_streamed_fragments_join_to_the_whole_reply(text: str, step: int) -> Non
     assert content == whole.content
     assert calls == [(call.name, call.arguments) for call in whole.calls]
     assert [start.index for start in starts] == list(range(len(starts)))
+
+
+PIECES = ["<tool_call>", "</tool_call>", "\n", " ", "{", "}", '"name": ', '"get_weather"',
+          '"f"', ', "arguments": ', '{"city": "Paris"}', '"}"', "```", "```json\n", "text", "{{",
+          "}}", "<tool_", "call>", '{"name": "get_weather", "arguments": {}}',
+          '<tool_call>\n{"name": "f", "arguments": ', '{"q": "}"}', "}\n</tool_call>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14),
+       st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=30))
+def test_any_text_reads_the_same_streamed_in_any_pieces(pieces: list[str],
+                                                        cuts: list[int]) -> None:
+    text = "".join(pieces)
+    whole = parse_reply(text, TOOLS)
+    stream = ToolCallStream(TOOLS)
+    items, at, index = [], 0, 0
+    while at < len(text):
+        step = cuts[index % len(cuts)]
+        items += stream.push(text[at:at + step])
+        at, index = at + step, index + 1
+    items += stream.finish()
+    assert ("".join(item for item in items if isinstance(item, str)) or None) == whole.content
+    arguments: dict[int, str] = {}
+    for item in items:
+        if isinstance(item, ArgumentsPart):
+            arguments[item.index] = arguments.get(item.index, "") + item.text
+    assert [arguments.get(i, "") for i in range(len(stream.calls))] == [
+        call.arguments for call in whole.calls]
+    assert [call.name for call in stream.calls] == [call.name for call in whole.calls]
 
 
 def test_a_tagged_calls_arguments_stream_before_the_call_ends() -> None:

@@ -139,15 +139,16 @@ class ToolCallStream:
         while True:
             if self._call is not None:
                 end = self._text.find(CLOSE)
-                if end < 0:
-                    items += self._call_progress(self._text)
+                if end < 0:  # (a closing tag on its way is not the call's text)
+                    items += self._call_progress(
+                        self._text[:len(self._text) - _partial_tag(self._text, CLOSE)])
                     return items
                 items += self._close(self._text[:end])
                 self._text = self._text[end + len(CLOSE):]
                 continue
             start = self._text.find(OPEN)
             if start < 0:
-                keep = len(self._text) - _partial_tag(self._text)
+                keep = len(self._text) - _partial_tag(self._text, OPEN)
                 items += self._visible(self._text[:keep])
                 self._text = self._text[keep:]
                 return items
@@ -291,10 +292,10 @@ def _json(text: str) -> Any:
         return None
 
 
-def _partial_tag(text: str) -> int:
-    """How many characters at the end of ``text`` may begin the tag ``<tool_call>``."""
-    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if OPEN.startswith(text[-size:]):
+def _partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` may begin ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
             return size
     return 0
 

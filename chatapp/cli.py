@@ -84,6 +84,8 @@ def _model_options() -> argparse.ArgumentParser:
     common.add_argument("--temperature", **_option("temperature"), help="0 = greedy")
     common.add_argument("--top-k", **_option("top_k"), help="0 = off")
     common.add_argument("--top-p", **_option("top_p"), help="nucleus mass in (0, 1]; 1 = off")
+    common.add_argument("--min-p", **_option("min_p"),
+                        help="keep tokens at least this times as likely as the best; 0 = off")
     common.add_argument("--seed", **_option("seed"),
                         help="random seed (default: a new one per start)")
     common.add_argument("--max-tokens", **_option("max_tokens"), help="longest reply, in tokens")
@@ -218,6 +220,9 @@ def _add_serve_parser(commands: Any, common: argparse.ArgumentParser) -> None:
                        "wait while one reply is made (default 4; more get 429)")
     serve.add_argument("--save", action="store_true", help="write the requests and replies to "
                        "the chat history, and index it for drafting across restarts")
+    serve.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                       help="list NAME among the models (e.g. gpt-4o-mini, for a client that "
+                       "keys features on the name); repeatable. Any name is served.")
 
 
 _port_or_free = arg_type(int, Rule("0..65535", lambda port: 0 <= port <= 65535), "port")
@@ -324,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from chatapp.serve.command import ServeOptions, serve_command
 
             return serve_command(config, ServeOptions(
-                args.host, args.port, args.api_key, tuple(args.cors), args.queue, args.save))
+                args.host, args.port, args.api_key, tuple(args.cors), args.queue, args.save,
+                tuple(args.served_model_name)))
         if command == "web":
             from chatapp.web import app_command, web_command
 

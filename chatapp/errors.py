@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class UserFacingError(Exception):
     """Something the user can fix; ``str(error)`` says how."""
+
+
+class RequestRefused(UserFacingError):
+    """A request asks for what the loaded models cannot do (tools with a chat template that has
+    none): the client's to change, so an API answers it as a bad request."""

@@ -142,6 +142,8 @@ CASES = {
     "model K=3, top-k 3": (model_drafter, lambda: FixedDraftLength(3), SamplingParams(0.8, 3)),
     "model K=3, top-p 0.8": (model_drafter, lambda: FixedDraftLength(3),
                              SamplingParams(1.2, 0, 0.8)),
+    "model K=3, min-p 0.1": (model_drafter, lambda: FixedDraftLength(3),
+                             SamplingParams(1.0, 0, 1.0, 0.1)),
     "model, auto policy": (model_drafter, AutoDraftLength, SamplingParams(1.0, 4, 0.95)),
     "ngram+model K=3, temperature 0.7": (ngram_model_drafter, lambda: FixedDraftLength(3),
                                          SamplingParams(0.7, 0, 0.9)),

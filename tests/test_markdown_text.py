@@ -197,3 +197,13 @@ def test_without_provenance_the_markdown_is_the_same_and_untinted():
     assert tints_of(plain) == tints_of(tinted)  # the meta stays for what reads it
     assert [look(plain, i).color for i in range(len(plain))] == [
         look(tinted, i).color for i in range(len(tinted))]
+
+
+def test_a_tool_call_shows_folded_as_its_name_and_arguments() -> None:
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    text = render_markdown([("Let me look.\n\n", TokenSource.TARGET), (call, TokenSource.ACCEPTED),
+                            ("Done.", TokenSource.TARGET)], styles())
+    assert text.plain == 'Let me look.\n\n▸ tool call get_weather {"city": "Paris"}\nDone.'
+    streaming = render_markdown([("<tool_call>\n{\"name\": \"get_w", TokenSource.TARGET)],
+                                styles())
+    assert streaming.plain == "▸ tool call …"

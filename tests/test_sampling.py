@@ -59,19 +59,24 @@ def reference_probabilities(logits: np.ndarray, params: SamplingParams) -> np.nd
         scaled = np.where(scaled >= kth, scaled, -np.inf)
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
-    if params.top_p == 1.0:
-        return probs
-    order = np.argsort(-probs, kind="stable")
-    size = int(np.searchsorted(np.cumsum(probs[order]), params.top_p - 1e-9)) + 1
-    nucleus = np.zeros_like(probs)
-    nucleus[order[:size]] = probs[order[:size]]
-    return nucleus / nucleus.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        size = int(np.searchsorted(np.cumsum(probs[order]), params.top_p - 1e-9)) + 1
+        nucleus = np.zeros_like(probs)
+        nucleus[order[:size]] = probs[order[:size]]
+        probs = nucleus / nucleus.sum()
+    if params.min_p > 0.0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)
+        probs /= probs.sum()
+    return probs
 
 
 @pytest.mark.parametrize("spread", [0.3, 3.0, 12.0])  # flat (the floors fail), typical, peaky
 @pytest.mark.parametrize("params", [SamplingParams(0.7), SamplingParams(1.0, top_p=0.9),
                                     SamplingParams(0.5, top_p=0.5), SamplingParams(1.3, top_k=50),
-                                    SamplingParams(0.8, top_k=200, top_p=0.8)])
+                                    SamplingParams(0.8, top_k=200, top_p=0.8),
+                                    SamplingParams(1.0, min_p=0.05),
+                                    SamplingParams(0.9, top_k=100, top_p=0.9, min_p=0.1)])
 def test_fast_paths_match_the_textbook_definition(spread: float, params: SamplingParams) -> None:
     rng = np.random.default_rng(7)
     logits = (rng.standard_normal((3, 20_000)) * spread).astype(np.float32)
@@ -83,8 +88,14 @@ def test_fast_paths_match_the_textbook_definition(spread: float, params: Samplin
         assert np.allclose(row, expected, rtol=1e-9, atol=1e-15)
 
 
+def test_min_p_keeps_the_tokens_at_least_that_fraction_of_the_best() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    probs = probabilities(logits, SamplingParams(1.0, min_p=0.3))
+    assert np.allclose(probs, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_k=-1), dict(top_p=0.0),
-                                 dict(top_p=1.5)])
+                                 dict(top_p=1.5), dict(min_p=-0.1), dict(min_p=1.5)])
 def test_out_of_range_params_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)

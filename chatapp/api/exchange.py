@@ -37,6 +37,7 @@ from chatapp.chat.reply_grammar import ReplyGrammar
 from chatapp.chat.reply_settings import policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending
 from chatapp.chat.session import ChatSession, ReplyOverrides
+from chatapp.chat.tools import NO_TOOLS, Tools
 from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats
@@ -64,7 +65,10 @@ class PredictionTooLongError(UserFacingError):
 
 @dataclass(frozen=True)
 class ExchangeRequest:
-    """One request; None fields take the server's settings."""
+    """One request; None fields take the server's settings (``max_tokens``
+    ``UNTIL_CONTEXT_END``: the reply may run to the end of the window); ``tools``: the declared
+    functions and the choice among them (their calls are read from the reply's text by
+    ``chatapp.api.tool_calls``); ``grammar``: what the reply must match."""
 
     messages: tuple[ChatMessage, ...]
     temperature: float | None = None
@@ -75,11 +79,13 @@ class ExchangeRequest:
     stop: tuple[str, ...] = ()
     prediction: str | None = None
     grammar: ReplyGrammar | None = None
+    tools: Tools = NO_TOOLS
+    min_p: float | None = None
 
     @property
     def overrides(self) -> ReplyOverrides:
         return ReplyOverrides(self.temperature, self.top_p, self.top_k, self.max_tokens,
-                              self.seed, self.grammar)
+                              self.seed, self.grammar, self.tools, self.min_p)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ only. With a history
 id (``DraftHints.renamed``, with the next exchange), as the chat app's are, so that the next
 start indexes it again from the history. An exchange
 whose messages are an earlier saved exchange's plus its reply and a new message (an agent's next
-request) continues that chat instead of starting another.
+request) continues that chat instead of starting another. Tool results and tool calls are saved
+in the chat template's tags (the history has no tool role).
 
 Used from the one worker thread that runs the models (SQLite stays on its thread).
 """
@@ -101,4 +102,15 @@ class ServedChats:
 
 
 def _stored(messages: Sequence[ChatMessage], now: float) -> list[StoredMessage]:
-    return [StoredMessage(0, 0, m.role, m.content, now) for m in messages]
+    return [StoredMessage(0, 0, *_as_chat(m), now) for m in messages]
+
+
+def _as_chat(message: ChatMessage) -> tuple[str, str]:
+    """A message in the history's roles (system, user, assistant): a tool's result becomes a
+    user message in ``<tool_response>`` tags, an assistant's tool calls follow its text in
+    ``<tool_call>`` tags, as Qwen2.5's template writes them (the app shows such calls folded)."""
+    if message.role == "tool":
+        return "user", f"<tool_response>\n{message.content}\n</tool_response>"
+    calls = [f'<tool_call>\n{{"name": {json.dumps(call.name)}, "arguments": {call.arguments}}}'
+             "\n</tool_call>" for call in message.tool_calls]
+    return message.role, "\n".join([message.content, *calls] if message.content else calls)

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from chatapp.backends.chat_template import TemplateMessage
+from chatapp.backends.chat_template import TemplateMessage, Tools
 from chatapp.backends.threads import ThreadChoice
 from chatapp.errors import UserFacingError
 
@@ -108,11 +108,12 @@ class Backend(Protocol):
         ...
 
     def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
-                    cancel: threading.Event | None = None) -> list[int]:
+                    cancel: threading.Event | None = None, tools: Tools = ()) -> list[int]:
         """Apply the model's chat template (with the assistant generation prompt) and tokenize:
         control tokens come from the template's markup only, every content is plain text
         (``chatapp.backends.prompt_parts``). ``PromptOverLimit`` as soon as the prompt is known
-        to pass ``limit`` tokens; ``PromptCancelled`` once ``cancel`` is set."""
+        to pass ``limit`` tokens; ``PromptCancelled`` once ``cancel`` is set; ``tools`` go to
+        the template (``RequestRefused`` when it has none: ``chat_template.render_chat``)."""
         ...
 
     def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:

@@ -8,12 +8,19 @@ tokenizer config) is rendered in jinja2's ``ImmutableSandboxedEnvironment`` with
 no template, or it fails to render (syntax error, ``raise_exception``, a runtime error in the
 template), a plain ChatML template is used instead and the second value returned is ``True``.
 Pure: no model, no I/O. Templates are untrusted code; the sandbox keeps them from escaping.
+
+Tools: ``tools`` (OpenAI's ``{"type": "function", "function": {...}}`` objects) go to the template
+as its ``tools`` variable, a message's ``tool_calls`` (``id``, ``name``, ``arguments`` as JSON
+text) as OpenAI's objects with the arguments parsed (as transformers' templates expect them), and
+a ``tool`` message by its role. A template that shows no declared tool in its prompt (it has no
+tools, or the fallback was used) raises ``RequestRefused``. ``tool_literals`` are the JSON texts
+the template writes of tools and arguments: the prompt's assembly keeps them plain text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Protocol
@@ -21,6 +28,10 @@ from typing import Any, Protocol
 import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from chatapp.errors import RequestRefused
+
+Tools = Sequence[Mapping[str, Any]]
 
 
 class TemplateMessage(Protocol):
@@ -31,6 +42,19 @@ class TemplateMessage(Protocol):
 
     @property
     def content(self) -> str: ...
+
+
+class TemplateToolCall(Protocol):
+    """What a template renders of an assistant message's tool call (``tool_calls``, optional)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def arguments(self) -> str: ...  # JSON text
 
 
 CHATML_TEMPLATE = (
@@ -46,24 +70,70 @@ _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, Attr
 
 
 def render_chat(template: str | None, messages: Sequence[TemplateMessage], bos_token: str,
-                eos_token: str) -> tuple[str, bool]:
-    """Return ``(prompt text ending with the assistant generation prompt, fallback used)``."""
+                eos_token: str, tools: Tools = ()) -> tuple[str, bool]:
+    """Return ``(prompt text ending with the assistant generation prompt, fallback used)``;
+    ``RequestRefused`` when ``tools`` are given and the template shows none of them."""
     if template:
         try:
-            return _render(template, messages, bos_token, eos_token), False
+            text = _render(template, messages, bos_token, eos_token, tools)
         except _RENDER_ERRORS:
             pass
-    return _render(CHATML_TEMPLATE, messages, bos_token, eos_token), True
+        else:
+            return shows_tools(text, tools), False
+    if tools:
+        raise _no_tools()
+    return _render(CHATML_TEMPLATE, messages, bos_token, eos_token, ()), True
+
+
+def tool_literals(messages: Sequence[TemplateMessage], tools: Tools) -> list[str]:
+    """The texts a template writes of ``tools`` and of the messages' tool calls: the JSON of
+    each tool and of each call's arguments, and each call's id."""
+    calls = [call for m in messages for call in getattr(m, "tool_calls", ())]
+    return ([_tojson(tool) for tool in tools] + [_tojson(_arguments(c.arguments)) for c in calls]
+            + [call.id for call in calls])
+
+
+def shows_tools(text: str, tools: Tools) -> str:
+    """``text``, a prompt rendered with ``tools``; ``RequestRefused`` if it shows none of them."""
+    if tools and _tojson(tools[0]) not in text:
+        raise _no_tools()
+    return text
+
+
+def _no_tools() -> RequestRefused:
+    return RequestRefused("This model's chat template has no tools: it cannot be given tools "
+                          "(send the request without them, or load a model that takes tools).")
 
 
 def _render(template: str, messages: Sequence[TemplateMessage], bos_token: str,
-            eos_token: str) -> str:
+            eos_token: str, tools: Tools) -> str:
     return _compile(template).render(
-        messages=[{"role": m.role, "content": m.content} for m in messages],
+        messages=[template_message(m) for m in messages],
+        tools=[dict(tool) for tool in tools] or None,
         bos_token=bos_token,
         eos_token=eos_token,
         add_generation_prompt=True,
     )
+
+
+def template_message(message: TemplateMessage) -> dict[str, Any]:
+    """A message as transformers hands it to a template."""
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    calls: Sequence[TemplateToolCall] = getattr(message, "tool_calls", ())
+    if calls:
+        data["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
+            for call in calls]
+    return data
+
+
+def _arguments(text: str) -> Any:
+    """A call's JSON arguments as a value (the text itself when it is not JSON)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @lru_cache(maxsize=16)

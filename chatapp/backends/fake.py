@@ -9,6 +9,7 @@ which perturbs the table so that some drafts are rejected. Tokens 29 and 30 are 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.backends.base import ModelFacts
-from chatapp.backends.chat_template import TemplateMessage
+from chatapp.backends.chat_template import TemplateMessage, Tools, render_chat
 from chatapp.backends.prompt_parts import ControlTokens, PromptPart, assemble
 from chatapp.backends.threads import FixedThreads, ThreadChoice
 
@@ -78,12 +79,15 @@ class FakeBackend(ModelFacts):
         return hashlib.sha256(b"\0".join(pieces)).hexdigest()
 
     def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
-                    cancel: threading.Event | None = None) -> list[int]:
-        """The fake's one format ("role: content" lines, no control token); as the protocol
-        says for ``limit`` and ``cancel``. ``has_chat_template=False`` reports it as the
-        fallback."""
+                    cancel: threading.Event | None = None, tools: Tools = ()) -> list[int]:
+        """The fake's one format ("role: content" lines, no control token, a "tools: " line of
+        their JSON first); as the protocol says for ``limit``, ``cancel`` and ``tools``.
+        ``has_chat_template=False`` reports it as the fallback, which has no tools."""
         self.uses_fallback_template = not self._has_chat_template
-        parts = [part for m in messages for part in (
+        if tools and self.uses_fallback_template:
+            render_chat(None, messages, "", "", tools)  # raises: the fallback has no tools
+        parts = [PromptPart(f"tools: {json.dumps(list(tools))}\n", True)] if tools else []
+        parts += [part for m in messages for part in (
             PromptPart(f"{m.role}: ", False), PromptPart(m.content, True), PromptPart("\n", False))]
         parts.append(PromptPart("assistant: ", False))
         return assemble(parts, ControlTokens({}), self.tokenize, limit, cancel)

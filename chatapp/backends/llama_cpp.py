@@ -34,7 +34,7 @@ import numpy as np
 
 from chatapp.backends import llama_runtime, thread_memory
 from chatapp.backends.base import BackendError, ModelFacts
-from chatapp.backends.chat_template import TemplateMessage, render_chat
+from chatapp.backends.chat_template import TemplateMessage, Tools, render_chat, tool_literals
 from chatapp.backends.gguf_file import check_gguf_file
 from chatapp.backends.machine_load import CpuSample, others_busy_cores
 from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts
@@ -224,18 +224,21 @@ class LlamaCppBackend(ModelFacts):
         return self._fingerprint
 
     def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
-                    cancel: threading.Event | None = None) -> list[int]:
+                    cancel: threading.Event | None = None, tools: Tools = ()) -> list[int]:
         """Render the GGUF's ``tokenizer.chat_template`` (ChatML if absent or broken) and
         tokenize it, control tokens from the template's markup only (``assemble``: see the
-        protocol for ``limit`` and ``cancel``). Sets ``uses_fallback_template``."""
+        protocol for ``limit``, ``cancel`` and ``tools``). Sets ``uses_fallback_template``."""
         self._require_open()
-        parts, self.uses_fallback_template = template_parts(self._render_chat, messages)
+        parts, self.uses_fallback_template = template_parts(
+            lambda shown: self._render_chat(shown, tools), messages,
+            tool_literals(messages, tools))
         return assemble(parts, self._control_tokens(), self.tokenize, limit, cancel)
 
-    def _render_chat(self, messages: Sequence[TemplateMessage]) -> tuple[str, bool]:
+    def _render_chat(self, messages: Sequence[TemplateMessage], tools: Tools = ()
+                     ) -> tuple[str, bool]:
         return render_chat(self._meta("tokenizer.chat_template"), messages,
                            self._token_text(self._lib.llama_vocab_bos(self._vocab)),
-                           self._token_text(self._lib.llama_vocab_eos(self._vocab)))
+                           self._token_text(self._lib.llama_vocab_eos(self._vocab)), tools)
 
     def _control_tokens(self) -> ControlTokens:
         """The tokens llama.cpp's control-token parsing finds in text (control, user-defined

@@ -6,6 +6,11 @@ rendered text splits into the template's markup and the contents, wherever the t
 them. A template that trims a content (jinja's ``trim``) is detected by a second render with the
 sentinels padded, and the content is trimmed as the template would have.
 
+A message's tool calls pass through the template as they are; the JSON texts the template
+writes of tools and call arguments (``literals``, from ``chat_template.tool_literals``) are cut
+out of the markup as content parts, so that they too stay plain text. An empty content is
+rendered empty (a template that tests it sees it empty).
+
 ``assemble`` tokenizes the parts: in the markup, the texts of the model's control tokens
 (``ControlTokens``) become their ids; everything else, the markup's plain text and every content,
 is tokenized as plain text, one stretch between two control tokens at a time. A control-token
@@ -26,7 +31,7 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chatapp.backends.chat_template import TemplateMessage
 from chatapp.text_budget import (
@@ -77,26 +82,50 @@ class _Placeholder:
 
     role: str
     content: str
+    tool_calls: tuple[object, ...] = field(default=())
 
 
-def template_parts(render: Render, messages: Sequence[TemplateMessage]
-                   ) -> tuple[list[PromptPart], bool]:
+def template_parts(render: Render, messages: Sequence[TemplateMessage],
+                   literals: Sequence[str] = ()) -> tuple[list[PromptPart], bool]:
     """``render``'s prompt for ``messages`` as markup and content parts; the second value is
     ``render``'s (the fallback template was used). The contents never pass through the
-    template, so its cost does not grow with their length."""
+    template, so its cost does not grow with their length; ``literals`` found in the markup
+    become content parts."""
     nonce = secrets.token_hex(8)
-    marks = [f"\ue000{nonce}.{i}\ue001" for i in range(len(messages))]
-    text, fallback = render([_Placeholder(m.role, mark) for m, mark in zip(messages, marks)])
-    padded, _ = render([_Placeholder(m.role, f" {mark} ") for m, mark in zip(messages, marks)])
+    marks = [f"\ue000{nonce}.{i}\ue001" if m.content else "" for i, m in enumerate(messages)]
+    text, fallback = render(_placeholders(messages, marks, ""))
+    padded, _ = render(_placeholders(messages, marks, " "))
     contents = [_as_rendered(m.content, mark, padded) for m, mark in zip(messages, marks)]
     pattern = re.compile(f"\ue000{nonce}\\.(\\d+)\ue001")
     parts, start = [], 0
     for match in pattern.finditer(text):
-        parts.append(PromptPart(text[start:match.start()], False))
+        parts.extend(_markup(text[start:match.start()], literals))
         parts.append(PromptPart(contents[int(match.group(1))], True))
         start = match.end()
-    parts.append(PromptPart(text[start:], False))
+    parts.extend(_markup(text[start:], literals))
     return [part for part in parts if part.text], fallback
+
+
+def _placeholders(messages: Sequence[TemplateMessage], marks: Sequence[str], pad: str
+                  ) -> list[_Placeholder]:
+    return [_Placeholder(m.role, f"{pad}{mark}{pad}" if mark else "",
+                         tuple(getattr(m, "tool_calls", ())))
+            for m, mark in zip(messages, marks)]
+
+
+def _markup(text: str, literals: Sequence[str]) -> list[PromptPart]:
+    """``text`` (markup) as parts, each of ``literals`` in it a content part."""
+    found = [literal for literal in literals if literal and literal in text]
+    if not found:
+        return [PromptPart(text, False)]
+    pattern = re.compile("|".join(map(re.escape, sorted(found, key=len, reverse=True))))
+    parts, start = [], 0
+    for match in pattern.finditer(text):
+        parts.append(PromptPart(text[start:match.start()], False))
+        parts.append(PromptPart(match.group(), True))
+        start = match.end()
+    parts.append(PromptPart(text[start:], False))
+    return parts
 
 
 def _as_rendered(content: str, mark: str, padded: str) -> str:

@@ -36,13 +36,15 @@ from typing import Any
 import numpy as np
 
 from chatapp.backends.base import BackendError
-from chatapp.backends.chat_template import TemplateMessage
+from chatapp.backends.chat_template import TemplateMessage, Tools
 from chatapp.backends.endpoints import Endpoint
 from chatapp.backends.prompt_parts import PromptCancelled, PromptOverLimit
 from chatapp.backends.rpc import ABORT_CALLBACK, ggml, probe, probe_all, require_rpc
+from chatapp.errors import RequestRefused
 
 _ALL_LAYERS = -1  # n_gpu_layers: every layer and the output go to the listed devices
-_ERRORS: dict[str, type[Exception]] = {"BackendError": BackendError, "ValueError": ValueError}
+_ERRORS: dict[str, type[Exception]] = {"BackendError": BackendError, "ValueError": ValueError,
+                                       "RequestRefused": RequestRefused}
 _WORKER_EXIT_WAIT_S = 5.0
 _DEAD_PROBE_TIMEOUT_S = 1.0
 _ABORT_MARK = "specchat worker abort: "
@@ -101,12 +103,12 @@ class RemoteTarget:
         return self._fingerprint
 
     def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
-                    cancel: threading.Event | None = None) -> list[int]:
+                    cancel: threading.Event | None = None, tools: Tools = ()) -> list[int]:
         """As the protocol says; ``cancel`` is seen before the worker starts, not during."""
         if cancel is not None and cancel.is_set():
             raise PromptCancelled()
         tokens, self.uses_fallback_template, over = self._call("chat_prompt", list(messages),
-                                                              limit)
+                                                              limit, list(tools))
         if over is not None:
             raise PromptOverLimit(over, limit or 0)
         return tokens
@@ -256,12 +258,12 @@ class _Worker:
     def tokenize(self, text: str, special: bool) -> list[int]:
         return self._loaded().tokenize(text, special)
 
-    def chat_prompt(self, messages: list[TemplateMessage], limit: int | None
+    def chat_prompt(self, messages: list[TemplateMessage], limit: int | None, tools: Tools
                     ) -> tuple[list[int], bool, int | None]:
         """The prompt, whether the fallback template made it, and (instead of the prompt) how
         many tokens it had when it passed ``limit``."""
         try:
-            tokens = self._loaded().chat_prompt(messages, limit)
+            tokens = self._loaded().chat_prompt(messages, limit, tools=tools)
         except PromptOverLimit as over:
             return [], self.backend.uses_fallback_template, over.tokens
         return tokens, self.backend.uses_fallback_template, None
@@ -293,7 +295,7 @@ def _serve(conn: Connection) -> None:
             break  # "close"
         try:
             value = getattr(worker, method)(*args)
-        except (BackendError, ValueError) as error:
+        except (BackendError, ValueError, RequestRefused) as error:
             conn.send(("error", type(error).__name__, str(error)))
             continue
         if method == "evaluate":

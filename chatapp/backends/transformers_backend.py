@@ -48,7 +48,14 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from chatapp import user_files  # noqa: E402
 from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
-from chatapp.backends.chat_template import TemplateMessage, render_chat  # noqa: E402
+from chatapp.backends.chat_template import (  # noqa: E402
+    TemplateMessage,
+    Tools,
+    render_chat,
+    shows_tools,
+    template_message,
+    tool_literals,
+)  # noqa: E402
 from chatapp.backends.gguf_file import is_gguf  # noqa: E402
 from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts  # noqa: E402
@@ -144,12 +151,14 @@ class TransformersBackend(ModelFacts):
         return self._fingerprint
 
     def chat_prompt(self, messages: Sequence[TemplateMessage], limit: int | None = None,
-                    cancel: threading.Event | None = None) -> list[int]:
+                    cancel: threading.Event | None = None, tools: Tools = ()) -> list[int]:
         """The tokenizer's chat template with the generation prompt, tokenized with control tokens
         from the template's markup only (``assemble``: see the protocol for ``limit`` and
         ``cancel``). Without a template (or if it fails) ChatML is used and
-        ``uses_fallback_template`` is set."""
-        parts, self.uses_fallback_template = template_parts(self._render_chat, messages)
+        ``uses_fallback_template`` is set. ``tools``: as the protocol says."""
+        parts, self.uses_fallback_template = template_parts(
+            lambda shown: self._render_chat(shown, tools), messages,
+            tool_literals(messages, tools))
         return assemble(parts, self._control_tokens(), self.tokenize, limit, cancel)
 
     def _control_tokens(self) -> ControlTokens:
@@ -250,16 +259,20 @@ class TransformersBackend(ModelFacts):
         self.thread_choice.observe(threads, len(tokens), time.perf_counter() - started)
         return result
 
-    def _render_chat(self, messages: Sequence[TemplateMessage]) -> tuple[str, bool]:
+    def _render_chat(self, messages: Sequence[TemplateMessage], tools: Tools = ()
+                     ) -> tuple[str, bool]:
         tokenizer = self._live_tokenizer()
         if tokenizer.chat_template:
-            conversation = [{"role": m.role, "content": m.content} for m in messages]
+            conversation = [template_message(m) for m in messages]
             try:
-                return tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                                     tokenize=False), False
+                text = tokenizer.apply_chat_template(conversation, tools=list(tools) or None,
+                                                     add_generation_prompt=True, tokenize=False)
             except (jinja2.TemplateError, ValueError, TypeError, LookupError):
                 pass  # a template that raises gets the same ChatML fallback as in llama.cpp
-        return render_chat(None, messages, tokenizer.bos_token or "", tokenizer.eos_token or "")
+            else:
+                return shows_tools(text, tools), False
+        return render_chat(None, messages, tokenizer.bos_token or "", tokenizer.eos_token or "",
+                           tools)
 
 
 # -- devices and dtypes --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from chatapp.settings.config import Config
 
 
 def generation_settings(config: Config) -> GenerationSettings:
-    sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+    sampling = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p)
     return GenerationSettings(sampling=sampling, max_tokens=config.max_tokens)
 
 

@@ -33,6 +33,7 @@ from chatapp.chat.prompt import (
     reply_room,
 )
 from chatapp.chat.reply_grammar import ReplyGrammar
+from chatapp.chat.tools import NO_TOOLS, Tools
 from chatapp.engine.contracts import NO_HINTS, DraftHints, DraftPolicy
 from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
@@ -53,8 +54,11 @@ class ReplyOverrides:
     max_tokens: int | None = None
     seed: int | None = None
     grammar: ReplyGrammar | None = None
+    tools: Tools = NO_TOOLS  # shown to the model by the chat template
+    min_p: float | None = None
 
 
+UNTIL_CONTEXT_END = -1  # ReplyOverrides.max_tokens: the reply may run to the window's end
 NO_OVERRIDES = ReplyOverrides()
 
 
@@ -170,7 +174,8 @@ class ChatSession:
         ``cancel`` ends the reply after the step under way. A grammar in ``overrides`` holds the
         reply to it (``GrammarError`` when llguidance cannot compile it)."""
         settings = self._settings_with(overrides)
-        plan = rules.plan(self._renderer(cancel), self._system_prompt, messages, self.n_ctx,
+        plan = rules.plan(self._renderer(cancel, overrides.tools), self._system_prompt, messages,
+                          self.n_ctx,
                           reply_room(settings.max_tokens, self.n_ctx))
         plan = replace(plan, fallback_template=self._engine.target.uses_fallback_template,
                        note=self._fallback_note())
@@ -200,10 +205,11 @@ class ChatSession:
                 return None if cancel.is_set() else event.stats
         return None
 
-    def _renderer(self, cancel: threading.Event | None) -> Render:
-        """The target's chat template, its tokenization stopped once ``cancel`` is set."""
+    def _renderer(self, cancel: threading.Event | None, tools: Tools = NO_TOOLS) -> Render:
+        """The target's chat template (shown ``tools``), its tokenization stopped once
+        ``cancel`` is set."""
         def render(messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
-            return self._engine.target.chat_prompt(messages, limit, cancel)
+            return self._engine.target.chat_prompt(messages, limit, cancel, tools.shown)
 
         return render
 
@@ -217,8 +223,11 @@ class ChatSession:
         sampling = SamplingParams(
             base.sampling.temperature if overrides.temperature is None else overrides.temperature,
             base.sampling.top_k if overrides.top_k is None else overrides.top_k,
-            base.sampling.top_p if overrides.top_p is None else overrides.top_p)
-        return GenerationSettings(sampling, overrides.max_tokens or base.max_tokens)
+            base.sampling.top_p if overrides.top_p is None else overrides.top_p,
+            base.sampling.min_p if overrides.min_p is None else overrides.min_p)
+        max_tokens = (self.n_ctx if overrides.max_tokens == UNTIL_CONTEXT_END
+                      else overrides.max_tokens or base.max_tokens)
+        return GenerationSettings(sampling, max_tokens)
 
     def _fallback_note(self) -> str:
         """The fallback template's note on the first reply that used it, else ""."""

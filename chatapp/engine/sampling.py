@@ -24,11 +24,15 @@ _MASS_TOLERANCE = 1e-9
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How logits become a distribution. ``top_k`` 0 and ``top_p`` 1.0 mean "off"."""
+    """How logits become a distribution: the tempered softmax, cut to the ``top_k`` most likely
+    tokens, then to the ``top_p`` nucleus, then to the tokens whose probability is at least
+    ``min_p`` times the most likely one's, renormalised after each cut. ``top_k`` 0, ``top_p``
+    1.0 and ``min_p`` 0.0 mean "off"."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -37,6 +41,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -77,6 +83,8 @@ def _fill_row(logits: np.ndarray, params: SamplingParams, out: np.ndarray) -> No
         weights = _softmax(logits[kept], params.temperature)
         if params.top_p < 1.0:
             _keep_nucleus(weights, params.top_p)
+        if params.min_p > 0.0:
+            _keep_above_min_p(weights, params.min_p)
         out.fill(0.0)
         out[kept] = weights
         return
@@ -86,6 +94,8 @@ def _fill_row(logits: np.ndarray, params: SamplingParams, out: np.ndarray) -> No
     out /= out.sum()
     if params.top_p < 1.0:
         _keep_nucleus(out, params.top_p)
+    if params.min_p > 0.0:
+        _keep_above_min_p(out, params.min_p)
 
 
 def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -109,6 +119,13 @@ def _keep_nucleus(probs: np.ndarray, top_p: float) -> None:
     kept = probs[keep] / cumulative[size - 1]
     probs.fill(0.0)
     probs[keep] = kept
+
+
+def _keep_above_min_p(probs: np.ndarray, min_p: float) -> None:
+    """In place: zero the tokens under ``min_p`` times the largest probability, renormalise
+    (the most likely token always stays)."""
+    probs[probs < min_p * np.max(probs)] = 0.0
+    probs /= probs.sum()
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -1,7 +1,15 @@
 """The routes of `specchat serve`, on aiohttp:
 
-- ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases;
-- ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events;
+- ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases
+  (the names ``--served-model-name`` adds among them);
+- ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events, under
+  whatever model name the request gives (one pair is loaded: every name is served by it, and
+  the answer carries the name asked for); with tools, the reply's calls as OpenAI's
+  ``tool_calls`` (``chatapp.api.tool_calls``); the fields it ignored named in the
+  ``x-specchat-ignored`` header;
+- ``GET /health``: 200 ``{"status": "ok", "model": ...}`` once the models are loaded, 503
+  ``{"status": "loading"}`` before (the server listens while they load; chat requests get 503
+  ``loading`` then);
 - ``GET /metrics``: Prometheus' text format.
 
 Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
@@ -32,7 +40,8 @@ from chatapp.api.exchange import (
     PromptTooLongError,
     ReplyDelta,
 )
-from chatapp.errors import UserFacingError
+from chatapp.api.tool_calls import StreamItem, ToolCallStream, parse_reply
+from chatapp.errors import RequestRefused, UserFacingError
 from chatapp.serve.connections import Connections
 from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
 from chatapp.serve.guard import Guard
@@ -57,9 +66,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ApiServer:
-    """The routes over one loaded ``exchange``; ``models``: the model id, then its aliases."""
+    """The routes over one loaded ``exchange`` (None while it loads: ``loaded`` gives it);
+    ``models``: the model id, then its aliases."""
 
-    def __init__(self, exchange: ChatExchange, worker: EngineWorker, guard: Guard,
+    def __init__(self, exchange: ChatExchange | None, worker: EngineWorker, guard: Guard,
                  models: Sequence[str], connections: Connections | None = None) -> None:
         self.exchange = exchange
         self.connections = connections or Connections()
@@ -70,12 +80,17 @@ class ApiServer:
         self.metrics = ServeMetrics(lambda: worker.waiting, lambda: float(worker.busy))
         self._reading = 0  # large request bodies being read
 
+    def loaded(self, exchange: ChatExchange) -> None:
+        """The models are loaded: answer with ``exchange`` from now on."""
+        self.exchange = exchange
+
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._guarded], client_max_size=MAX_BODY)
         app.add_routes([
             web.get("/v1/models", self._list_models),
             web.get("/v1/models/{model:.+}", self._get_model),
             web.post("/v1/chat/completions", self._chat),
+            web.get("/health", self._health),
             web.get("/metrics", self._metrics),
         ])
         return app
@@ -119,6 +134,11 @@ class ApiServer:
         alias_of = self.models[0] if ident != self.models[0] else None
         return web.json_response(model_object(ident, self.created, alias_of))
 
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.exchange is None:
+            return web.json_response({"status": "loading"}, status=503)
+        return web.json_response({"status": "ok", "model": self.models[0]})
+
     async def _metrics(self, request: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.exposition())
         response.headers["Content-Type"] = CONTENT_TYPE
@@ -126,16 +146,21 @@ class ApiServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._read_body(request)
-        if body.model not in self.models:
-            raise _unknown_model(body.model)
+        exchange = self.exchange
+        if exchange is None:
+            raise server_error("specchat serve is loading its models: retry in a moment.",
+                               "loading", 503)
+        ignored = _ignored_header(body)
         exchange_request = body.exchange()
         try:
             async with self.worker.job(
-                    lambda cancel: self.exchange.run(exchange_request, cancel)) as job:
+                    lambda cancel: exchange.run(exchange_request, cancel)) as job:
                 pending = await _started(job)
                 if body.stream:
-                    return await self._stream(request, body, job, pending)
-                return await self._whole(job, pending)
+                    return await self._stream(request, body, job, pending, ignored)
+                response = await self._whole(body, job, pending)
+                response.headers.update(ignored)
+                return response
         except QueueFull as full:
             raise _queue_full(full.retry_after) from None
         except (Closing, PromptCancelled):
@@ -148,6 +173,8 @@ class ApiServer:
                            param="prediction") from None
         except GrammarError as error:
             raise ApiError(400, str(error), code="invalid_grammar") from None
+        except RequestRefused as error:
+            raise ApiError(400, str(error), code="unsupported_value", param="tools") from None
 
     async def _read_body(self, request: web.Request) -> ChatCompletionRequest:
         """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown
@@ -170,7 +197,7 @@ class ApiServer:
         finally:
             self._reading -= large
 
-    async def _whole(self, job: JobStream[ExchangeEvent],
+    async def _whole(self, body: ChatCompletionRequest, job: JobStream[ExchangeEvent],
                      pending: list[ExchangeEvent]) -> web.Response:
         """A reply without ``stream``: all of it at once."""
         result = await _result(job, pending)
@@ -178,28 +205,32 @@ class ApiServer:
             raise server_error("specchat serve is stopping: the reply was cut short.",
                                "server_stopping", 503)
         self.metrics.reply(result)
-        return web.json_response(completion(completion_id(), int(time.time()),
-                                            self.models[0], result))
+        tools = body.tool_set
+        reply = parse_reply(result.text, tools) if ToolCallStream(tools).active else None
+        return web.json_response(completion(completion_id(), int(time.time()), body.model,
+                                            result, reply))
 
     async def _stream(self, request: web.Request, body: ChatCompletionRequest,
-                      job: JobStream[ExchangeEvent],
-                      pending: list[ExchangeEvent]) -> web.StreamResponse:
+                      job: JobStream[ExchangeEvent], pending: list[ExchangeEvent],
+                      ignored: dict[str, str]) -> web.StreamResponse:
         """A streamed reply: a role chunk, text chunks as tokens come (with their sources), the
         end chunk, the usage chunk if asked, ``[DONE]``. A failure once the stream has started
         is its last event (an OpenAI error object), without ``[DONE]``."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+                                               "Cache-Control": "no-cache", **ignored})
         response.headers.update(self.guard.cors_headers(request.headers.get("Origin")))
         await response.prepare(request)
-        chunks = ChunkMaker(self.models[0], body.include_usage)
+        chunks = ChunkMaker(body.model, body.include_usage)
+        calls = ToolCallStream(body.tool_set)
         try:
             await response.write(chunks.role())
-            result = await _stream_text(response, chunks, job, pending)
+            result = await _stream_text(response, chunks, calls, job, pending)
             if result.finish_reason == "cancelled":
                 raise server_error("specchat serve is stopping: the reply was cut short.",
                                    "server_stopping", 503)
             self.metrics.reply(result)
-            await response.write(chunks.end(result))
+            await _write_items(response, chunks, calls.finish())
+            await response.write(chunks.end(result, bool(calls.calls)))
             if body.include_usage:
                 await response.write(chunks.usage(result))
             await response.write(DONE)
@@ -216,7 +247,18 @@ class ApiServer:
         return response
 
 
-_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/metrics")
+_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/health", "/metrics")
+IGNORED_HEADER = "x-specchat-ignored"
+
+
+def _ignored_header(body: ChatCompletionRequest) -> dict[str, str]:
+    """The header that names the fields the request sent and the server ignored (none: {});
+    logged at debug level."""
+    ignored = body.ignored
+    if not ignored:
+        return {}
+    log.debug("specchat serve: ignored request fields: %s", ", ".join(ignored))
+    return {IGNORED_HEADER: ", ".join(ignored)}
 
 
 async def _started(job: JobStream[ExchangeEvent]) -> list[ExchangeEvent]:
@@ -240,12 +282,13 @@ async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
         events = await job.next()
 
 
-async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
+async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker, calls: ToolCallStream,
                        job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
                        ) -> ExchangeResult:
-    """Write the reply's text as its events come, from ``events`` on; its result."""
+    """Write the reply's text as its events come, from ``events`` on (read for ``calls`` when
+    they are active); its result."""
     while True:
-        result = await _write_events(response, chunks, events)
+        result = await _write_events(response, chunks, calls, events)
         if result is not None:
             await job.turn_over()
             return result
@@ -255,7 +298,8 @@ async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
 
 
 async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
-                        events: list[ExchangeEvent]) -> ExchangeResult | None:
+                        calls: ToolCallStream, events: list[ExchangeEvent]
+                        ) -> ExchangeResult | None:
     """Write the text of ``events`` as one chunk; the result if they hold the end."""
     pieces: list[Any] = []
     result = None
@@ -264,9 +308,17 @@ async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
             pieces.extend(event.pieces)
         elif isinstance(event, ExchangeDone):
             result = event.result
-    if pieces:
+    if pieces and calls.active:
+        await _write_items(response, chunks, calls.push("".join(text for text, _ in pieces)))
+    elif pieces:
         await response.write(chunks.content(pieces))
     return result
+
+
+async def _write_items(response: web.StreamResponse, chunks: ChunkMaker,
+                       items: list[StreamItem]) -> None:
+    if items:
+        await response.write(chunks.items(items))
 
 
 def _queue_full(retry_after: int) -> ApiError:

@@ -40,11 +40,12 @@ class ServeOptions:
     cors: tuple[str, ...] = ()
     queue: int = 4  # requests that may wait while one is generated
     save: bool = False  # write the exchanges to the chat history
+    served_names: tuple[str, ...] = ()  # more names /v1/models lists (--served-model-name)
 
 
-def model_ids(config: Config) -> list[str]:
+def model_ids(config: Config, served_names: tuple[str, ...] = ()) -> list[str]:
     """The loaded pair as one model id ("qwen2.5-coder-1.5b+qwen2.5-coder-0.5b"), then its
-    aliases: "specchat" and the target's name."""
+    aliases: "specchat", the target's name and ``served_names``."""
     target = _name(config.target)
     if config.draft_length == "0":
         primary = target
@@ -52,7 +53,7 @@ def model_ids(config: Config) -> list[str]:
         primary = f"{target}+ngram"
     else:
         primary = f"{target}+{_name(config.draft)}"
-    return list(dict.fromkeys([primary, "specchat", target]))
+    return list(dict.fromkeys([primary, "specchat", target, *served_names]))
 
 
 def _name(model: str) -> str:
@@ -126,20 +127,26 @@ async def _serve(config: Config, options: ServeOptions, api_key: str | None,
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stopping)
     worker = EngineWorker(options.queue)
-    exchange: ChatExchange = await worker.call(open_exchange, config, _progress, options.save,
-                                               factory)
-    _progress("", None)
-    for note in exchange.session.notes:
-        print(f"note: {note}", file=sys.stderr)
     host, port = sock.getsockname()[:2]
     guard = Guard(host, port, api_key, options.cors)
     connections = Connections()
-    server = ApiServer(exchange, worker, guard, model_ids(config), connections)
+    server = ApiServer(None, worker, guard, model_ids(config, options.served_names),
+                       connections)
     runner = web.AppRunner(server.application(), access_log=None, handle_signals=False,
                            handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
                            keepalive_timeout=connections.keepalive_s)
     await runner.setup()
-    await LimitedSite(runner, sock, connections).start()
+    await LimitedSite(runner, sock, connections).start()  # 503 "loading" until the models are
+    try:
+        exchange: ChatExchange = await worker.call(open_exchange, config, _progress,
+                                                   options.save, factory)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    server.loaded(exchange)
+    _progress("", None)
+    for note in exchange.session.notes:
+        print(f"note: {note}", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"specchat serve: http://{shown}:{port}/v1 (model {server.models[0]}; Ctrl+C stops)",
           flush=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatapp.api.exchange import ExchangeResult
+from chatapp.api.tool_calls import ArgumentsPart, CallStart, StreamItem, ToolReply
 from chatapp.chat.events import TokenSource, decode_tokens_per_s
 
 OWNER = "specchat"
@@ -63,19 +64,29 @@ def speculation(result: ExchangeResult) -> dict[str, Any]:
     return data
 
 
-def finish_reason(result: ExchangeResult) -> str:
-    """OpenAI's finish reason ("stop" or "length"; a reply cut short counts as "length")."""
-    return "stop" if result.finish_reason == "stop" else "length"
+def finish_reason(result: ExchangeResult, called: bool = False) -> str:
+    """OpenAI's finish reason ("stop" or "length"; a reply cut short counts as "length";
+    "tool_calls" for a reply that ``called`` a tool and ended by itself)."""
+    if result.finish_reason != "stop":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
-def completion(ident: str, created: int, model: str, result: ExchangeResult) -> dict[str, Any]:
-    """The whole answer of a request without ``stream``."""
+def completion(ident: str, created: int, model: str, result: ExchangeResult,
+               reply: ToolReply | None = None) -> dict[str, Any]:
+    """The whole answer of a request without ``stream``; ``reply``: the reply read for tool
+    calls (None: the text is the reply)."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None}
+    if reply is not None and reply.calls:
+        message["content"] = reply.content
+        message["tool_calls"] = [_tool_call(call.id, call.name, call.arguments)
+                                 for call in reply.calls]
+    called = reply is not None and bool(reply.calls)
     return {
         "id": ident, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": None,
-        "choices": [{"index": 0, "finish_reason": finish_reason(result), "logprobs": None,
-                     "message": {"role": "assistant", "content": result.text,
-                                 "refusal": None}}],
+        "choices": [{"index": 0, "finish_reason": finish_reason(result, called),
+                     "logprobs": None, "message": message}],
         "usage": usage(result),
         "specchat": speculation(result),
     }
@@ -109,13 +120,33 @@ class ChunkMaker:
         return self._chunk([_choice({"content": text})],
                            specchat={"tokens": [[t, s.value] for t, s in pieces]})
 
-    def end(self, result: ExchangeResult) -> bytes:
+    def items(self, items: Sequence[StreamItem]) -> bytes:
+        """A reply read for tool calls: its text and OpenAI's ``delta.tool_calls`` (a call's
+        index, id, type and name when it starts, then its arguments in fragments)."""
+        text = "".join(item for item in items if isinstance(item, str))
+        calls: list[dict[str, Any]] = []
+        for item in items:
+            if isinstance(item, CallStart):
+                calls.append({"index": item.index, **_tool_call(item.id, item.name, "")})
+            elif isinstance(item, ArgumentsPart):
+                calls.append({"index": item.index, "function": {"arguments": item.text}})
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = calls
+        return self._chunk([_choice(delta)])
+
+    def end(self, result: ExchangeResult, called: bool = False) -> bytes:
         """The last chunk of the choice: its finish reason and the reply's statistics."""
-        return self._chunk([_choice({}, finish_reason(result))], specchat=speculation(result))
+        return self._chunk([_choice({}, finish_reason(result, called))],
+                           specchat=speculation(result))
 
     def usage(self, result: ExchangeResult) -> bytes:
         """With ``stream_options.include_usage``: the usage chunk, no choices."""
         return self._chunk([], usage=usage(result))
+
+
+def _tool_call(ident: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

@@ -1,29 +1,38 @@
-"""The body of ``POST /v1/chat/completions`` as pydantic models, strict as JSON is.
+"""The body of ``POST /v1/chat/completions`` as pydantic models, strict as JSON is in the values
+it reads, lenient in the fields it does not know.
 
-What is served: ``messages`` (system, developer = system, user, assistant; text content as a
-string or as text parts), ``temperature``, ``top_p``, ``top_k`` (an extension), ``seed``,
-``max_tokens`` / ``max_completion_tokens``, ``stop``, ``n`` = 1, ``stream`` with
-``stream_options.include_usage``, ``prediction`` ``{"type": "content", "content": ...}``, and
-``response_format`` ``text``, ``json_object`` (any JSON object) or ``json_schema`` (a JSON value
-its ``schema`` validates, enforced whether ``strict`` or not), which become the reply's grammar.
-Fields the OpenAI API defines that change nothing here (``user``, ``metadata``, ``store``, ...)
-are accepted; the ones that would change the reply in a way specchat cannot (tools, images and
-audio, ``n`` > 1, log probabilities, penalties, ``logit_bias``, another response format) are
-refused, each with its reason; any other field is refused as unknown, as OpenAI does.
+What is served: ``messages`` (system, developer = system, user, assistant with ``tool_calls``,
+tool; text content as a string or as text parts), ``temperature``, ``top_p``, ``top_k`` and
+``min_p`` (extensions), ``seed``, ``max_tokens`` / ``max_completion_tokens`` (null or -1: until
+the context window ends), any number of ``stop`` strings, ``n`` = 1, ``stream`` with
+``stream_options.include_usage``, ``prediction`` ``{"type": "content", "content": ...}``,
+``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls``, and ``response_format``
+``text``, ``json_object`` (any JSON object) or ``json_schema`` (a JSON value its ``schema``
+validates, enforced whether ``strict`` or not), which become the reply's grammar (a forced tool
+call is one too: the two together are refused). Fields the OpenAI API defines that change
+nothing here (``user``, ``metadata``, ``store``, ...) are accepted; the ones that would change
+the reply in a way specchat cannot (images and audio, ``n`` > 1, log probabilities, penalties,
+``logit_bias``, another response format, legacy ``functions``) are refused, each with its reason.
+Any other field, of the body or of a message, is accepted and ignored, as clients differ in what
+they send: ``ignored`` names them (``messages[0].cache_control``) for the response's
+``x-specchat-ignored`` header and the debug log.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from chatapp.api.exchange import ChatMessage, ExchangeRequest, ReplyGrammar
+from chatapp.api.tool_grammar import tool_call_grammar
+from chatapp.chat.message import ToolCall
+from chatapp.chat.session import UNTIL_CONTEXT_END
+from chatapp.chat.tools import AUTO, NONE, REQUIRED, FunctionTool, Tools
 from chatapp.serve.errors import UNSUPPORTED
 from chatapp.settings.options import MAX_SEED
 
-MAX_STOPS = 4
 PART_FEATURES = {"image_url": "images", "input_audio": "audio inputs", "file": "files"}
 
 
@@ -32,8 +41,11 @@ def _refuse(feature: str) -> PydanticCustomError:
                                "(text chat completions only)", {"feature": feature})
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: str
 
@@ -51,21 +63,39 @@ def _text_parts_only(value: Any) -> Any:
 Content = Annotated[str | list[TextPart], BeforeValidator(_text_parts_only)]
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: FunctionName
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def tool_call(self) -> ToolCall:
+        return ToolCall(self.id, self.function.name, self.function.arguments)
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     name: str | None = None  # accepted, not used (the chat templates have no place for it)
     refusal: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None  # accepted, not used (the templates answer calls in order)
 
     @model_validator(mode="before")
     @classmethod
-    def _no_tools(cls, data: Any) -> Any:
+    def _served(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if data.get("role") in ("tool", "function"):
-                raise _refuse("tool and function messages")
-            if data.get("tool_calls") or data.get("function_call") or data.get("audio"):
-                raise _refuse("tool calls and audio replies")
+            if data.get("role") == "function":
+                raise _refuse("function messages (the legacy form of tool messages)")
+            if data.get("function_call") or data.get("audio"):
+                raise _refuse("legacy function calls and audio replies")
             if data.get("role") != "assistant" and data.get("content") is None:
                 raise PydanticCustomError("missing", "Field required")
         return data
@@ -73,11 +103,12 @@ class Message(BaseModel):
     def chat_message(self) -> ChatMessage:
         content = self.content or ""
         text = content if isinstance(content, str) else "".join(p.text for p in content)
-        return ChatMessage("system" if self.role == "developer" else self.role, text)
+        calls = tuple(call.tool_call() for call in self.tool_calls or ())
+        return ChatMessage("system" if self.role == "developer" else self.role, text, calls)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
     include_obfuscation: bool | None = None  # accepted, not used
 
@@ -101,6 +132,37 @@ class JsonSchemaFormat(BaseModel):
     description: str | None = None
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None  # the schema is enforced either way
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the grammar of a forced call follows the schema either way
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function"]
+    function: FunctionSpec
+
+    def function_tool(self) -> FunctionTool:
+        spec = self.function
+        if spec.parameters is None:
+            return FunctionTool(spec.name, spec.description)
+        return FunctionTool(spec.name, spec.description, spec.parameters)
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ResponseFormat(BaseModel):
@@ -127,10 +189,18 @@ class ResponseFormat(BaseModel):
         return None
 
 
+def _reply_limit(value: int | None) -> int | None:
+    """A reply's limit in tokens: at least 1, or -1 (until the context window ends)."""
+    if value is not None and value < 1 and value != -1:
+        raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal "
+                                  "to 1 (or -1: until the context window ends)")
+    return value
+
+
 # Fields that would change the reply in a way specchat cannot: refused when set to anything but
 # their "off" value, with what to say.
 _REFUSED = {
-    "tools": "tools", "tool_choice": "tools", "functions": "functions",
+    "functions": "legacy functions (send tools)",
     "function_call": "functions", "logprobs": "log probabilities",
     "top_logprobs": "log probabilities", "logit_bias": "logit biases",
     "frequency_penalty": "frequency penalties", "presence_penalty": "presence penalties",
@@ -141,7 +211,7 @@ _OFF: tuple[Any, ...] = (None, False, 0, 0.0, [], {}, "none", ["text"])
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
@@ -149,9 +219,10 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Annotated[int | None, AfterValidator(_reply_limit)] = None
+    max_completion_tokens: Annotated[int | None, AfterValidator(_reply_limit)] = None
     stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1)
     prediction: Prediction | None = None
@@ -165,9 +236,9 @@ class ChatCompletionRequest(BaseModel):
     reasoning_effort: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # Refused unless off (see _REFUSED).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
     logprobs: bool | None = None
@@ -187,10 +258,39 @@ class ChatCompletionRequest(BaseModel):
         if self.n is not None and self.n > 1:
             raise PydanticCustomError(UNSUPPORTED, "n > 1 is not supported by specchat serve: "
                                       "it makes one reply at a time (send n requests)")
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOPS:
-            raise PydanticCustomError("too_long", "at most {max} stop sequences",
-                                      {"max": MAX_STOPS})
+        names = [tool.function.name for tool in self.tools or ()]
+        if len(set(names)) < len(names):
+            raise PydanticCustomError("value_error", "two tools have the same name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise PydanticCustomError("value_error", "tool_choice names a function that is not "
+                                      "among the tools: {name}", {"name": choice.function.name})
+        if choice == REQUIRED and not names:
+            raise PydanticCustomError("value_error", "tool_choice 'required' needs tools")
+        forced = choice == REQUIRED or isinstance(choice, NamedToolChoice)
+        if forced and self.response_format is not None and self.response_format.grammar():
+            raise PydanticCustomError(UNSUPPORTED, "a forced tool call (tool_choice) and a JSON "
+                                      "response_format cannot both shape one reply: send one")
         return self
+
+    @property
+    def ignored(self) -> list[str]:
+        """The fields of the body and of its messages that are not read, by their names."""
+        names = list(self.model_extra or ())
+        for i, message in enumerate(self.messages):
+            names += [f"messages[{i}].{name}" for name in message.model_extra or ()]
+        return names
+
+    @property
+    def tool_set(self) -> Tools:
+        """The declared functions and the choice among them ("auto" when there are tools)."""
+        declared = tuple(tool.function_tool() for tool in self.tools or ())
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+        else:
+            name = choice or (AUTO if declared else NONE)
+        return Tools(declared, name, self.parallel_tool_calls is not False)
 
     @property
     def include_usage(self) -> bool:
@@ -199,9 +299,28 @@ class ChatCompletionRequest(BaseModel):
     def exchange(self) -> ExchangeRequest:
         """The conversation layer's request."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        tools = self.tool_set
         return ExchangeRequest(
             messages=tuple(message.chat_message() for message in self.messages),
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            max_tokens=self.max_completion_tokens or self.max_tokens, seed=self.seed,
-            stop=stop, prediction=self.prediction.text if self.prediction else None,
-            grammar=self.response_format.grammar() if self.response_format else None)
+            max_tokens=self._max_tokens, seed=self.seed, stop=stop,
+            prediction=self.prediction.text if self.prediction else None,
+            grammar=self._grammar(tools), tools=tools, min_p=self.min_p)
+
+    @property
+    def _max_tokens(self) -> int | None:
+        """The reply's limit: the request's, ``UNTIL_CONTEXT_END`` for an explicit null or -1,
+        None (the server's setting) when it sets none."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value != -1:
+                return int(value)
+        sent = {"max_completion_tokens", "max_tokens"} & self.model_fields_set
+        return UNTIL_CONTEXT_END if sent else None
+
+    def _grammar(self, tools: Tools) -> ReplyGrammar | None:
+        """The grammar the reply must match: a forced tool call's, a JSON response format's
+        (never both: refused), else None."""
+        if self.response_format is not None and self.response_format.grammar() is not None:
+            return self.response_format.grammar()
+        return tool_call_grammar(tools)

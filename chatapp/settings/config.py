@@ -60,6 +60,7 @@ class Config:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # keep tokens at least min_p times as likely as the most likely; 0 = off
     seed: int | None = None
     max_tokens: int = 1024
     system_prompt: str = ""

@@ -157,6 +157,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("temperature", float, at_least(0)),
     Option("top_k", int, at_least(0, "(0 = off)")),
     Option("top_p", float, Rule("in (0, 1]", lambda value: 0 < value <= 1)),
+    Option("min_p", float, Rule("in [0, 1]", lambda value: 0 <= value <= 1)),
     Option("seed", int, Rule(f"in 0..{MAX_SEED}", lambda value: 0 <= value <= MAX_SEED)),
     Option("max_tokens", int, at_least(1)),
     Option("system_prompt", str),

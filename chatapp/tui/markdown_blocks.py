@@ -1,6 +1,7 @@
 """The blocks of a Markdown reply, line by line: fenced code, headings, rules, blank lines, list
 items, quotes and paragraphs (a subset of CommonMark that replies use; no setext headings, tables
-or indented code: they show as the text they are).
+or indented code: they show as the text they are), and tool calls (a line that starts with
+``<tool_call>`` opens one, a complete line that holds ``</tool_call>`` closes it).
 
 ``split_blocks`` reads from a block's start and is final for every block but the last: a block
 ends where a complete line starts another one, and a complete line's kind depends only on the
@@ -20,15 +21,16 @@ HEADING = re.compile(r" {0,3}(#{1,6})(?:[ \t]+|$)")
 RULE = re.compile(r" {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*")
 ITEM = re.compile(r"([ \t]*)([-*+]|\d{1,9}[.)])(?:[ \t]+|$)")
 QUOTE = re.compile(r" {0,3}>")
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 # What inline Markdown starts with: lines before the first of them render the same on their own.
 INLINE_MARKERS = frozenset("*_~`[\\")
 
 
 @dataclass(frozen=True)
 class Block:
-    """Source ``start:end`` (its line breaks included) of one block; ``kind``: "code", "heading",
-    "rule", "blank", "item", "quote" or "paragraph"; ``open``: a code block without its closing
-    fence yet (the text may end inside it)."""
+    """Source ``start:end`` (its line breaks included) of one block; ``kind``: "code", "tool",
+    "heading", "rule", "blank", "item", "quote" or "paragraph"; ``open``: a code block without
+    its closing fence yet, or a tool call without its closing tag (the text may end inside)."""
 
     kind: str
     start: int
@@ -42,6 +44,8 @@ def line_kind(line: str) -> str:
         return "blank"
     if fence_of(line):
         return "code"
+    if line.lstrip().startswith(TOOL_OPEN):
+        return "tool"
     if HEADING.match(line):
         return "heading"
     if RULE.fullmatch(line):
@@ -105,6 +109,13 @@ def split_blocks(source: str, start: int = 0) -> list[Block]:
             blocks.append(Block(kind, line_start, lines[last][1], open=not closed))
             index = last + 1
             continue
+        if kind == "tool":
+            last = _tool_end(source, lines, index)
+            closed = last < len(lines)
+            last = min(last, len(lines) - 1)
+            blocks.append(Block(kind, line_start, lines[last][1], open=not closed))
+            index = last + 1
+            continue
         if kind in ("paragraph", "item", "quote"):
             content = line_start + (ITEM.match(line).end() if kind == "item" else 0)
             plain = kind != "quote" and INLINE_MARKERS.isdisjoint(source[content:line_end])
@@ -122,6 +133,16 @@ def _fence_end(source: str, lines: list[tuple[int, int, bool]], index: int, fenc
     for later in range(index + 1, len(lines)):
         start, end, complete = lines[later]
         if complete and closes_fence(source[start:end - 1], fence):
+            return later
+    return len(lines)
+
+
+def _tool_end(source: str, lines: list[tuple[int, int, bool]], index: int) -> int:
+    """The index of the complete line that closes the tool call opened on line ``index`` (it
+    may be that line), or ``len(lines)`` when none does yet."""
+    for later in range(index, len(lines)):
+        start, end, complete = lines[later]
+        if complete and TOOL_CLOSE in source[start:end]:
             return later
     return len(lines)
 

@@ -7,7 +7,9 @@ Markdown (``markdown_inline``). Markdown and syntax colours take the foreground;
 the style ``styles.tints[source]`` on exactly the characters of that source's tokens (with
 provenance off, a style that carries only the ``{"token": source}`` meta). A shown character is
 either copied from the text, one for one, or drawn for a marker it replaces (``•`` for ``-``,
-``▌`` for ``>``, the rule's line): drawn characters take the provenance of their marker.
+``▌`` for ``>``, the rule's line): drawn characters take the provenance of their marker. A tool
+call (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``) is shown folded, as one line
+``▸ tool call NAME ARGUMENTS`` drawn for its opening tag.
 
 Incremental: ``append`` renders each completed block once and keeps it; only the blocks that
 later text may still change (the last, or the last two: see ``open_from``) are rendered again,
@@ -17,6 +19,7 @@ and only their text is kept to be read again (``source``).
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -34,6 +37,8 @@ from chatapp.chat.terminal_text import Printable
 from chatapp.tui.markdown_blocks import (
     HEADING,
     ITEM,
+    TOOL_CLOSE,
+    TOOL_OPEN,
     Block,
     closes_fence,
     fence_language,
@@ -252,6 +257,14 @@ class MarkdownRenderer:
             start = end
         return pieces
 
+    def _tool(self, block: Block) -> list[Piece]:
+        source = self.source
+        body = source[block.start:block.end].strip()
+        body = body.removeprefix(TOOL_OPEN).removesuffix(TOOL_CLOSE).strip()
+        newline = [Piece("\n", block.end - 1)] * source[block.start:block.end].endswith("\n")
+        label = Piece("▸ tool call", block.start, self.styles.label, drawn=True)
+        return [label, Piece(f" {_call_summary(body)}", block.start, drawn=True), *newline]
+
     def _code(self, block: Block) -> list[Piece]:
         source = self.source
         first_end = source.find("\n", block.start, block.end) + 1 or block.end
@@ -311,6 +324,19 @@ class MarkdownRenderer:
                 lexer = None
             self._lexers[language] = lexer
         return self._lexers[language]
+
+
+def _call_summary(body: str) -> str:
+    """A tool call's name and its arguments on one line; "…" while they do not parse yet."""
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return "…"
+    if not isinstance(call, dict):
+        return "…"
+    arguments = call.get("arguments", {})
+    shown = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f"{call.get('name', '?')} {shown}"
 
 
 def render_markdown(runs: Iterable[tuple[str, TokenSource]], styles: MarkdownStyles) -> Text:

@@ -114,3 +114,17 @@ def test_response_formats_become_the_replys_grammar() -> None:
 def test_other_response_formats_are_refused(response_format: object, words: str) -> None:
     with pytest.raises(ValidationError, match=words):
         request(response_format)
+
+
+def test_a_json_response_format_and_a_forced_tool_call_are_not_both_taken() -> None:
+    """Both would be the reply's one grammar: refused; with tool_choice auto the response
+    format shapes the reply."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    body = {"model": "specchat", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"}, "tools": [tool]}
+    for forced in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        with pytest.raises(ValidationError, match="cannot both shape one reply"):
+            ChatCompletionRequest.model_validate({**body, "tool_choice": forced})
+    grammar = ChatCompletionRequest.model_validate({**body, "tool_choice": "auto"}).exchange()
+    assert grammar.grammar is not None and "json_object" in grammar.grammar.purpose

@@ -9,7 +9,10 @@ a prompt that leaves no room for a reply raises ``PromptTooLongError``). The pre
 travels in the reply's hints (``DraftHints.predicted``) and becomes a source of the default
 drafter for that reply only (``chatapp.drafters.prediction``), verified like every other; the
 reply's text goes into the drafter's suffix index under a key of its own
-(``chatapp.api.served``), and into the history only with ``save``. One draft length handle
+(``chatapp.api.served``), and into the history only with ``save``. A raw completion (the
+completions API: ``ExchangeRequest.raw``, a ``RawText`` prompt and perhaps a suffix to fill in
+before) goes through the same pipeline under those prompt rules instead, and is not saved: the
+history holds conversations. One draft length handle
 (``DraftLength``) lives across exchanges and starts from what the last run on this machine and
 pair measured, as the app's does.
 
@@ -32,7 +35,13 @@ from chatapp.api.stops import Piece, StopScanner
 from chatapp.assembly.loader import LoadProgress, build_session
 from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.message import ChatMessage
-from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
+from chatapp.chat.prompt import (
+    REFUSE_TOO_LONG,
+    FimUnsupportedError,
+    PromptRules,
+    PromptTooLongError,
+    RawText,
+)
 from chatapp.chat.reply_grammar import ReplyGrammar
 from chatapp.chat.reply_settings import policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending
@@ -47,8 +56,8 @@ from chatapp.text_budget import PromptCancelled, PromptOverLimit
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
-           "PredictionTooLongError", "PromptCancelled", "PromptTooLongError", "ReplyDelta",
-           "SourceCounts", "open_exchange"]
+           "FimUnsupportedError", "PredictionTooLongError", "PromptCancelled",
+           "PromptTooLongError", "RawText", "ReplyDelta", "SourceCounts", "open_exchange"]
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +72,8 @@ class PredictionTooLongError(UserFacingError):
 
 @dataclass(frozen=True)
 class ExchangeRequest:
-    """One request; None fields take the server's settings."""
+    """One request; None fields take the server's settings. ``raw``: a raw completion's prompt
+    (then ``messages`` is empty)."""
 
     messages: tuple[ChatMessage, ...]
     temperature: float | None = None
@@ -74,6 +84,12 @@ class ExchangeRequest:
     stop: tuple[str, ...] = ()
     prediction: str | None = None
     grammar: ReplyGrammar | None = None
+    raw: RawText | None = None
+
+    @property
+    def rules(self) -> PromptRules:
+        """The prompt rules of the request: its raw text's, else the API's for messages."""
+        return self.raw if self.raw is not None else REFUSE_TOO_LONG
 
     @property
     def overrides(self) -> ReplyOverrides:
@@ -170,7 +186,7 @@ class ChatExchange:
         prediction with ``PromptCancelled``."""
         predicted = self._predicted(request, cancel)
         chat, hints = self.served.hints(request.messages, predicted or ())
-        plan, events = self.session.reply(request.messages, self.policy, rules=REFUSE_TOO_LONG,
+        plan, events = self.session.reply(request.messages, self.policy, rules=request.rules,
                                           overrides=request.overrides, hints=hints,
                                           cancel=cancel)
         self.served.begin(hints)
@@ -199,8 +215,9 @@ class ChatExchange:
         meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
         try:
-            self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
-                             result.finish_reason, meta)
+            if request.raw is None:
+                    self.served.save(request.messages, chat, result.text, reply.pieces,
+                                 result.stats, result.finish_reason, meta)
         except (HistoryError, sqlite3.Error, OSError) as error:
             log.warning("The reply was answered but not saved to the history: %s", error)
         if result.finish_reason is not Ending.CANCELLED:

@@ -87,6 +87,7 @@ class LlamaCppBackend(ModelFacts):
             self._vocab = lib.llama_model_get_vocab(self._model)
             self._vocab_size = lib.llama_vocab_n_tokens(self._vocab)
             self._n_ctx = lib.llama_n_ctx(self._ctx)
+            self._fim_ids = self._find_fim_ids()
             self._stop_ids = self._find_stop_ids()
             self.quantization = self._quantization()
             self._name = f"{self._meta('general.name') or self._path.stem} ({self.quantization})"
@@ -153,9 +154,18 @@ class LlamaCppBackend(ModelFacts):
 
     def _find_stop_ids(self) -> frozenset[int]:
         lib, vocab = self._lib, self._vocab
-        ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)}
+        ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab), *(self._fim_ids or ())}
         ids.update(t for t in range(self._vocab_size) if lib.llama_vocab_is_eog(vocab, t))
         return frozenset(t for t in ids if 0 <= t < self._vocab_size)
+
+    def _find_fim_ids(self) -> tuple[int, int, int] | None:
+        """The FIM prefix, suffix and middle tokens as llama.cpp's vocabulary knows them (the
+        GGUF's ``tokenizer.ggml.fim_pre_token_id`` etc., else found by their text); None unless
+        all three are there."""
+        lib, vocab = self._lib, self._vocab
+        ids = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab),
+               lib.llama_vocab_fim_mid(vocab))
+        return ids if all(0 <= t < self._vocab_size for t in ids) else None
 
     def _quantization(self) -> str:
         """The file's quantisation as llama.cpp names it ("Q8_0", "Q4_K - Medium")."""
@@ -180,8 +190,13 @@ class LlamaCppBackend(ModelFacts):
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        """EOS, EOT and every token llama.cpp marks end-of-generation (e.g. <|endoftext|>)."""
+        """EOS, EOT, every token llama.cpp marks end-of-generation (e.g. <|endoftext|>) and the
+        FIM prefix, suffix and middle tokens."""
         return self._stop_ids
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        return self._fim_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:

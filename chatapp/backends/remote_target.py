@@ -78,6 +78,8 @@ class RemoteTarget:
         self.n_ctx: int = info["n_ctx"]
         self.threads: int = info["threads"]  # fixed: the layers run on the servers
         self.stop_ids = frozenset(info["stop_ids"])
+        fim = info["fim_ids"]
+        self.fim_ids: tuple[int, int, int] | None = (fim[0], fim[1], fim[2]) if fim else None
         self._fingerprint: str = info["fingerprint"]
         self._pieces: list[bytes] = info["pieces"]
         self.devices: tuple[str, ...] = tuple(info["devices"])
@@ -249,6 +251,7 @@ class _Worker:
         self.backend = backend
         return {"name": backend.name, "vocab_size": backend.vocab_size, "n_ctx": backend.n_ctx,
                 "threads": backend.threads, "stop_ids": sorted(backend.stop_ids),
+                "fim_ids": backend.fim_ids,
                 "fingerprint": backend.vocab_fingerprint(),
                 "pieces": [backend.token_bytes(t) for t in range(backend.vocab_size)],
                 "devices": [f"{d.name} {d.description}" for d in devices]}

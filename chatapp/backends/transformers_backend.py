@@ -50,7 +50,7 @@ from chatapp import user_files  # noqa: E402
 from chatapp.backends.base import BackendError, ModelFacts  # noqa: E402
 from chatapp.backends.chat_template import TemplateMessage, render_chat  # noqa: E402
 from chatapp.backends.gguf_file import is_gguf  # noqa: E402
-from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
+from chatapp.backends.hf_vocab import fim_ids, stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
 
@@ -103,6 +103,7 @@ class TransformersBackend(ModelFacts):
         self._n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
         self._pieces = token_pieces(tokenizer, self._vocab_size)
         self._stop_ids = stop_ids(model, tokenizer, self._vocab_size)
+        self._fim_ids = fim_ids(tokenizer, self._vocab_size)
         parameters = inspect.signature(model.forward).parameters
         # transformers 5.x renamed past_key_values to cache; older versions only know the former.
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
@@ -119,6 +120,10 @@ class TransformersBackend(ModelFacts):
         """EOS ids of the generation config, the config and the tokenizer, plus end-of-turn
         tokens (<|im_end|>, <|endoftext|>, <|eot_id|>) present in the vocabulary."""
         return self._stop_ids
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        return self._fim_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:

@@ -28,7 +28,6 @@ from chatapp.chat.prompt import (
     TRIM_OLDEST,
     PromptPlan,
     PromptRules,
-    Render,
     fallback_template_note,
     reply_room,
 )
@@ -192,12 +191,9 @@ class ChatSession:
                 return None if cancel.is_set() else event.stats
         return None
 
-    def _renderer(self, cancel: threading.Event | None) -> Render:
-        """The target's chat template, its tokenization stopped once ``cancel`` is set."""
-        def render(messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
-            return self._engine.target.chat_prompt(messages, limit, cancel)
-
-        return render
+    def _renderer(self, cancel: threading.Event | None) -> "_TargetRender":
+        """The target's prompt rendering, its tokenization stopped once ``cancel`` is set."""
+        return _TargetRender(self._engine, cancel)
 
     def _settings_with(self, overrides: ReplyOverrides) -> GenerationSettings:
         base = self._settings
@@ -213,3 +209,26 @@ class ChatSession:
             return ""
         self._told_fallback = True
         return fallback_template_note(self.target_name)
+
+
+class _TargetRender:
+    """The engine's target as a ``chatapp.chat.prompt.PromptRender`` for one reply: every
+    tokenization stops once ``cancel`` is set (``PromptCancelled``)."""
+
+    def __init__(self, engine: SpeculativeEngine, cancel: threading.Event | None) -> None:
+        self._target = engine.target
+        self._cancel = cancel
+
+    def __call__(self, messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
+        return self._target.chat_prompt(messages, limit, self._cancel)
+
+    def text(self, text: str, limit: int | None = None) -> list[int]:
+        return plain_tokens(text, self._target.tokenize, limit, self._cancel)
+
+    @property
+    def fim(self) -> tuple[int, int, int] | None:
+        return self._target.fim_ids
+
+    @property
+    def name(self) -> str:
+        return self._target.name

@@ -2,6 +2,8 @@
 
 - ``GET /v1/models`` (and ``/v1/models/{id}``): the loaded pair as one model id, then its aliases;
 - ``POST /v1/chat/completions``: a reply, whole or streamed as server-sent events;
+- ``POST /v1/completions``: a raw text completion, with a ``suffix`` a fill-in-the-middle one,
+  on the same pipeline (``chatapp.chat.prompt.RawText``), answered in OpenAI's text shape;
 - ``GET /metrics``: Prometheus' text format.
 
 Every request first passes the guard (``chatapp.serve.guard``); every refusal is OpenAI-shaped
@@ -15,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -26,25 +28,21 @@ from chatapp.api.exchange import (
     ExchangeEvent,
     ExchangeResult,
     ExchangeStarted,
+    FimUnsupportedError,
     PredictionTooLongError,
     PromptCancelled,
     PromptTooLongError,
     ReplyDelta,
 )
 from chatapp.errors import UserFacingError
+from chatapp.serve.completion_schema import CompletionRequest
 from chatapp.serve.connections import Connections
 from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
 from chatapp.serve.guard import Guard
 from chatapp.serve.metrics import CONTENT_TYPE, ServeMetrics
-from chatapp.serve.responses import (
-    DONE,
-    ChunkMaker,
-    completion,
-    completion_id,
-    model_object,
-    sse,
-)
+from chatapp.serve.responses import DONE, model_object, sse
 from chatapp.serve.schemas import ChatCompletionRequest
+from chatapp.serve.text_responses import CHAT_SHAPE, TEXT_SHAPE, Chunks, ReplyShape
 from chatapp.serve.worker import Closing, EngineWorker, JobStream, QueueFull
 
 MAX_BODY = 16 * 1024 * 1024  # a request with a long conversation and a prediction
@@ -53,6 +51,7 @@ LARGE_BODY = 1024 * 1024  # larger bodies are read a few at a time
 INTERNAL_ERROR = "specchat serve failed on this request (a bug): its log says more."
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
 
 
 class ApiServer:
@@ -75,6 +74,7 @@ class ApiServer:
             web.get("/v1/models", self._list_models),
             web.get("/v1/models/{model:.+}", self._get_model),
             web.post("/v1/chat/completions", self._chat),
+            web.post("/v1/completions", self._completions),
             web.get("/metrics", self._metrics),
         ])
         return app
@@ -124,7 +124,16 @@ class ApiServer:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_body(request)
+        body = await self._read_body(request, ChatCompletionRequest)
+        return await self._answer(request, body, CHAT_SHAPE)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(request, CompletionRequest)
+        return await self._answer(request, body, TEXT_SHAPE)
+
+    async def _answer(self, request: web.Request, body: Body,
+                      shape: ReplyShape) -> web.StreamResponse:
+        """The reply to a validated ``body``, whole or streamed, in ``shape``."""
         if body.model not in self.models:
             raise _unknown_model(body.model)
         exchange_request = body.exchange()
@@ -133,20 +142,22 @@ class ApiServer:
                     lambda cancel: self.exchange.run(exchange_request, cancel)) as job:
                 pending = await _started(job)
                 if body.stream:
-                    return await self._stream(request, body, job, pending)
-                return await self._whole(job, pending)
+                    return await self._stream(request, body, job, pending, shape)
+                return await self._whole(job, pending, shape)
         except QueueFull as full:
             raise _queue_full(full.retry_after) from None
         except (Closing, PromptCancelled):
             raise server_error("specchat serve is stopping.", "server_stopping", 503) from None
         except PromptTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
-                           param="messages") from None
+                           param=shape.prompt_param) from None
+        except FimUnsupportedError as error:
+            raise ApiError(400, str(error), code="unsupported_value", param="suffix") from None
         except PredictionTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
                            param="prediction") from None
 
-    async def _read_body(self, request: web.Request) -> ChatCompletionRequest:
+    async def _read_body(self, request: web.Request, schema: type[Body]) -> Body:
         """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown
         length) is read only while fewer large ones are being read than the worker could take
         (one running, the queue): else 429 at once, so that memory stays bounded. A body that
@@ -158,7 +169,7 @@ class ApiServer:
         self._reading += large
         try:
             data = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-            return ChatCompletionRequest.model_validate_json(data)
+            return schema.model_validate_json(data)
         except TimeoutError:
             raise ApiError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} s.",
                            code="request_timeout") from None
@@ -167,20 +178,19 @@ class ApiServer:
         finally:
             self._reading -= large
 
-    async def _whole(self, job: JobStream[ExchangeEvent],
-                     pending: list[ExchangeEvent]) -> web.Response:
+    async def _whole(self, job: JobStream[ExchangeEvent], pending: list[ExchangeEvent],
+                     shape: ReplyShape) -> web.Response:
         """A reply without ``stream``: all of it at once."""
         result = await _result(job, pending)
         if result.finish_reason == "cancelled":
             raise server_error("specchat serve is stopping: the reply was cut short.",
                                "server_stopping", 503)
         self.metrics.reply(result)
-        return web.json_response(completion(completion_id(), int(time.time()),
-                                            self.models[0], result))
+        return web.json_response(shape.whole(int(time.time()), self.models[0], result))
 
-    async def _stream(self, request: web.Request, body: ChatCompletionRequest,
-                      job: JobStream[ExchangeEvent],
-                      pending: list[ExchangeEvent]) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, body: Body,
+                      job: JobStream[ExchangeEvent], pending: list[ExchangeEvent],
+                      shape: ReplyShape) -> web.StreamResponse:
         """A streamed reply: a role chunk, text chunks as tokens come (with their sources), the
         end chunk, the usage chunk if asked, ``[DONE]``. A failure once the stream has started
         is its last event (an OpenAI error object), without ``[DONE]``."""
@@ -188,7 +198,7 @@ class ApiServer:
                                                "Cache-Control": "no-cache"})
         response.headers.update(self.guard.cors_headers(request.headers.get("Origin")))
         await response.prepare(request)
-        chunks = ChunkMaker(self.models[0], body.include_usage)
+        chunks = shape.chunks(self.models[0], body.include_usage)
         try:
             await response.write(chunks.role())
             result = await _stream_text(response, chunks, job, pending)
@@ -213,7 +223,7 @@ class ApiServer:
         return response
 
 
-_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/metrics")
+_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/metrics")
 
 
 async def _started(job: JobStream[ExchangeEvent]) -> list[ExchangeEvent]:
@@ -237,7 +247,7 @@ async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
         events = await job.next()
 
 
-async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
+async def _stream_text(response: web.StreamResponse, chunks: Chunks,
                        job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
                        ) -> ExchangeResult:
     """Write the reply's text as its events come, from ``events`` on; its result."""
@@ -251,7 +261,7 @@ async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker,
             raise server_error("The reply ended without its result.")
 
 
-async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
+async def _write_events(response: web.StreamResponse, chunks: Chunks,
                         events: list[ExchangeEvent]) -> ExchangeResult | None:
     """Write the text of ``events`` as one chunk; the result if they hold the end."""
     pieces: list[Any] = []

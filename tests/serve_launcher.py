@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+FAKE_N_CTX = 4096  # the fakes' window for n_ctx "auto"
 FAKE_MODEL_OPTIONS = ["--draft", "fake-draft", "--target", "fake-target", "-k", "3",
                       "--drafter", "ngram+model", "--temperature", "0", "--seed", "0"]
 
@@ -49,12 +50,13 @@ def fake_factory(max_tokens: int, delay_s: float, endless: bool,  # noqa: ANN201
     from tests.conftest import EndlessFakeBackend
 
     def factory(config, progress):  # noqa: ANN001, ANN202
-        target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=config.n_ctx,
-                                                                  delay_s=delay_s, fim=fim)
+        n_ctx = config.context_tokens or FAKE_N_CTX
+        target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=n_ctx, delay_s=delay_s,
+                                                                  fim=fim)
         ngram = NgramDrafter(target.vocab_size, suffix=SuffixSource(HistoryCorpus()),
                              ends_line=line_end_test(target.token_bytes))
         drafter = NgramModelDrafter(ngram, ModelDrafter(FakeBackend(noise=1.0, fim=fim,
-                                                                    n_ctx=config.n_ctx)))
+                                                                    n_ctx=n_ctx)))
         settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         return ChatSession(SpeculativeEngine(target, drafter), settings, seed=0,
                            system_prompt=config.system_prompt, takes_prediction=True)

@@ -1,13 +1,15 @@
-"""Long prompts: read in chunks with progress events, cancellable between chunks (the cache keeps
-what was read, so the next request pays only for the rest), shown as "reading the prompt" in
-the live reply's header."""
+"""Long conversations: the automatic context window; long prompts read in chunks with progress
+events, cancellable between chunks (the cache keeps what was read, so the next request pays only
+for the rest), shown as "reading the prompt" in the live reply's header."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
+import pytest
 
+from chatapp.backends.context_size import MIN_AUTO_CONTEXT, auto_context, kv_bytes_per_token
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.turns import Turn
 from chatapp.engine.events import (
@@ -18,6 +20,8 @@ from chatapp.engine.events import (
     TokenEvent,
 )
 from chatapp.engine.loop import PROMPT_CHUNK, GenerationSettings, SpeculativeEngine
+from chatapp.settings.config import Config, ConfigError, load_config
+from chatapp.settings.options import OPTIONS
 from chatapp.tui.widgets import MessageView
 
 LONG = [1 + i % 25 for i in range(2 * PROMPT_CHUNK + 100)]
@@ -71,3 +75,27 @@ def test_the_live_reply_header_shows_how_much_of_the_prompt_is_read() -> None:
     assert "reading the prompt 2,048 / 4,600" in view._header_text()  # noqa: SLF001
     turn.apply(PromptEvent(4601, 3.0))
     assert "reading" not in view._header_text() and "…" in view._header_text()  # noqa: SLF001
+
+
+def test_the_automatic_window_is_the_trained_context_as_far_as_its_cache_fits() -> None:
+    per_token = kv_bytes_per_token(layers=28, kv_heads=2, embedding=1536, heads=12)
+    assert per_token == 28 * 1024  # the Qwen2.5-Coder 1.5B target: 28 KiB a token
+    gib = 1024**3
+    assert auto_context(32768, per_token, 22 * gib) == 32768  # this machine: all of it
+    assert auto_context(32768, per_token, 2 * gib) == 18432  # a quarter of 2 GiB: 18k
+    assert auto_context(32768, per_token, 256 * 1024**2) == MIN_AUTO_CONTEXT  # never below
+    assert auto_context(2048, per_token, 256 * 1024**2) == 2048  # a model trained on less
+    assert auto_context(32768, per_token, None) == 32768
+
+
+def test_n_ctx_is_auto_by_default_and_an_explicit_number_still_wins(tmp_path) -> None:
+    assert Config().n_ctx == "auto" and Config().context_tokens is None
+    assert Config(n_ctx=8192).context_tokens == 8192
+    assert OPTIONS["n_ctx"].parse("auto") == "auto" and OPTIONS["n_ctx"].parse("8192") == 8192
+    path = tmp_path / "config.toml"
+    path.write_text('n_ctx = "auto"\n')
+    assert load_config(path).n_ctx == "auto"
+    path.write_text("n_ctx = 16384\n")
+    assert load_config(path).context_tokens == 16384
+    with pytest.raises(ConfigError, match="n_ctx must be >= 64 or auto"):
+        Config(n_ctx="big")

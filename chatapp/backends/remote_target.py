@@ -54,7 +54,7 @@ class RemoteTarget:
     uses_fallback_template: bool
 
     def __init__(self, path: str | os.PathLike[str], endpoints: Sequence[Endpoint],
-                 n_ctx: int = 4096, threads: int | None = None,
+                 n_ctx: int | None = 4096, threads: int | None = None,
                  tensor_split: Sequence[float] = ()) -> None:
         """Probe every endpoint, start the worker and load the model there; ``BackendError``
         (saying what to do) if a server is missing, busy or of another version, or the load
@@ -234,7 +234,7 @@ class _Worker:
     def __init__(self) -> None:
         self.backend: Any = None
 
-    def load(self, path: str, endpoints: list[str], n_ctx: int, threads: int | None,
+    def load(self, path: str, endpoints: list[str], n_ctx: int | None, threads: int | None,
              tensor_split: list[float]) -> dict[str, Any]:
         """Register the servers and load the target on exactly their devices."""
         from chatapp.backends.llama_cpp import LlamaCppBackend

@@ -55,8 +55,10 @@ def api(server: ServeProcess) -> "openai.OpenAI":
 
 
 def test_fill_in_the_middle_fills_the_body_and_streams_the_same_text(server) -> None:
+    """The stop at a blank line is an editor's (the 1.5B model goes on to write more functions
+    before the `print`, valid code too)."""
     fields = {"model": "specchat", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 32,
-              "temperature": 0}
+              "temperature": 0, "stop": ["\n\n"]}
     whole = api(server).completions.create(**fields)
     text = whole.choices[0].text
     assert text.strip() == "return a + b", text
@@ -64,6 +66,14 @@ def test_fill_in_the_middle_fills_the_body_and_streams_the_same_text(server) -> 
     streamed = "".join(c.choices[0].text for c in
                        api(server).completions.create(**fields, stream=True) if c.choices)
     assert streamed == text
+
+
+def test_a_middle_that_the_suffix_closes_ends_at_the_end_of_text_token(server) -> None:
+    reply = api(server).completions.create(
+        model="specchat", prompt="import math\n\ndef circle_area(r):\n    ",
+        suffix="\n    return result\n\n\nprint(circle_area(2))\n", max_tokens=40, temperature=0)
+    assert reply.choices[0].text.startswith("result = ")
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens < 40
 
 
 def ask(server: ServeProcess, messages: list[dict[str, str]]) -> tuple[str, dict]:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from chatapp.api.exchange import ExchangeRequest, RawText
 from chatapp.serve.errors import UNSUPPORTED
-from chatapp.serve.schemas import MAX_STOPS, StreamOptions
+from chatapp.serve.schemas import StreamedRequest
 from chatapp.settings.options import MAX_SEED
 
 # Fields refused unless off, with what to say.
@@ -35,19 +35,15 @@ def _refused(what: str) -> PydanticCustomError:
                                "completions", {"what": what})
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class CompletionRequest(StreamedRequest):
     model: str
     prompt: str | list[str]
     suffix: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1, le=1)
     best_of: int | None = Field(None, ge=1, le=1)
     echo: bool = False
@@ -79,9 +75,6 @@ class CompletionRequest(BaseModel):
         if not self.text and not self.suffix:
             raise PydanticCustomError("too_short", "the prompt is empty (give a prompt, or a "
                                       "suffix to fill in before)")
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOPS:
-            raise PydanticCustomError("too_long", "at most {max} stop sequences",
-                                      {"max": MAX_STOPS})
         return self
 
     @property
@@ -89,14 +82,9 @@ class CompletionRequest(BaseModel):
         """The prompt's text."""
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
     def exchange(self) -> ExchangeRequest:
         """The conversation layer's request: a raw text, no messages."""
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return ExchangeRequest(
             messages=(), temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            max_tokens=self.max_tokens, seed=self.seed, stop=stop,
+            max_tokens=self.max_tokens, seed=self.seed, stop=self.stop_sequences,
             raw=RawText(self.text, self.suffix or ""))

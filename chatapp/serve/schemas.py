@@ -109,19 +109,39 @@ _REFUSED = {
 _OFF: tuple[Any, ...] = (None, False, 0, 0.0, [], {}, "none", ["text"])
 
 
-class ChatCompletionRequest(BaseModel):
+class StreamedRequest(BaseModel):
+    """What both completion endpoints share: ``stream`` with its options, ``stop``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: str
-    messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _few_stops(self) -> "StreamedRequest":
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOPS:
+            raise PydanticCustomError("too_long", "at most {max} stop sequences",
+                                      {"max": MAX_STOPS})
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class ChatCompletionRequest(StreamedRequest):
+    model: str
+    messages: list[Message] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1)
     prediction: Prediction | None = None
     response_format: ResponseFormat | None = None
@@ -158,20 +178,13 @@ class ChatCompletionRequest(BaseModel):
                                       "it makes one reply at a time (send n requests)")
         if self.response_format is not None and self.response_format.type != "text":
             raise _refuse("response formats other than text (JSON modes)")
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOPS:
-            raise PydanticCustomError("too_long", "at most {max} stop sequences",
-                                      {"max": MAX_STOPS})
         return self
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
 
     def exchange(self) -> ExchangeRequest:
         """The conversation layer's request."""
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return ExchangeRequest(
             messages=tuple(message.chat_message() for message in self.messages),
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             max_tokens=self.max_completion_tokens or self.max_tokens, seed=self.seed,
-            stop=stop, prediction=self.prediction.text if self.prediction else None)
+            stop=self.stop_sequences,
+            prediction=self.prediction.text if self.prediction else None)

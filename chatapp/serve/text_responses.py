@@ -6,7 +6,6 @@ routes need to answer in either shape."""
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +18,6 @@ from chatapp.serve.responses import (
     completion_id,
     finish_reason,
     speculation,
-    sse,
     usage,
 )
 
@@ -43,42 +41,25 @@ def text_completion(ident: str, created: int, model: str, result: ExchangeResult
     }
 
 
-class TextChunkMaker:
-    """The chunks of one streamed text completion (one id, creation time and model): text
-    chunks, the end chunk with the finish reason, the usage chunk if asked."""
+class TextChunkMaker(ChunkMaker):
+    """The chunks of one streamed text completion: text chunks, the end chunk with the finish
+    reason, the usage chunk if asked (no first chunk: the stream opens with its first text)."""
 
-    def __init__(self, model: str, include_usage: bool) -> None:
-        self.ident = text_completion_id()
-        self.created = int(time.time())
-        self.model = model
-        self.include_usage = include_usage
+    kind = TEXT_COMPLETION
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        data: dict[str, Any] = {"id": self.ident, "object": TEXT_COMPLETION,
-                                "created": self.created, "model": self.model,
-                                "system_fingerprint": None, "choices": choices}
-        if self.include_usage:
-            data["usage"] = None
-        data.update(extra)
-        return sse(data)
+    @staticmethod
+    def new_id() -> str:
+        return text_completion_id()
 
     def role(self) -> bytes:
         """Nothing: a text completion's stream opens with its first text."""
         return b""
 
-    def content(self, pieces: Sequence[tuple[str, TokenSource]]) -> bytes:
-        """Text, with where each token came from (as a chat chunk's ``specchat.tokens``)."""
-        text = "".join(text for text, _ in pieces)
-        return self._chunk([_choice(text)],
-                           specchat={"tokens": [[t, s.value] for t, s in pieces]})
+    def text_choice(self, text: str) -> dict[str, Any]:
+        return _choice(text)
 
-    def end(self, result: ExchangeResult) -> bytes:
-        """The last chunk of the choice: its finish reason and the reply's statistics."""
-        return self._chunk([_choice("", finish_reason(result))], specchat=speculation(result))
-
-    def usage(self, result: ExchangeResult) -> bytes:
-        """With ``stream_options.include_usage``: the usage chunk, no choices."""
-        return self._chunk([], usage=usage(result))
+    def end_choice(self, finish: str) -> dict[str, Any]:
+        return _choice("", finish)
 
 
 def _choice(text: str, finish: str | None = None) -> dict[str, Any]:

@@ -184,14 +184,16 @@ class _Turn:
         self.last_k = 0  # the K of the latest step that asked the policy
         self.start = time.perf_counter()
         self.now = self.start  # the latest reading of the clock
+        self.prompt_started = self.start  # when the prompt's reading began
 
     def run(self) -> Iterator[Event]:
         """The turn's events. Whatever stops a step (an exception, the consumer closing the
         stream), both caches are left holding verified positions only."""
         yield from self._read_prompt()
-        if self.cancel.is_set():
+        if self.cancel.is_set():  # stopped while reading the prompt
+            self.stats.prompt_s = self._clock() - self.prompt_started
             yield DoneEvent(FinishReason.CANCELLED,
-                            self.stats.snapshot(self._clock() - self.start, self.target.threads))
+                            self.stats.snapshot(self.now - self.start, self.target.threads))
             return
         yield self._prefill()
         step = 0
@@ -241,24 +243,21 @@ class _Turn:
     def _read_prompt(self) -> Iterator[PromptProgressEvent]:
         """Bring the target's cache up to the prompt minus its last token (fed with the first
         step), ``PROMPT_CHUNK`` tokens at a time: progress after each chunk of a prompt longer
-        than one, and a stop between two once ``cancel`` is set (timed as the prompt's)."""
-        started = self._clock()
-        try:
-            for done, total in evaluate_in_chunks(self.target, self.tokens[:-1], PROMPT_CHUNK):
-                if total > PROMPT_CHUNK:
-                    yield PromptProgressEvent(done, total)
-                if self.cancel.is_set():
-                    return
-        finally:
-            self.stats.prompt_s = self._clock() - started
+        than one, and a stop between two once ``cancel`` is set. The prompt's time runs from
+        here to the end of ``_prefill`` (or of the reply, when it stops here)."""
+        self.prompt_started = self._clock()
+        for done, total in evaluate_in_chunks(self.target, self.tokens[:-1], PROMPT_CHUNK):
+            if total > PROMPT_CHUNK:
+                yield PromptProgressEvent(done, total)
+            if self.cancel.is_set():
+                return
 
     def _prefill(self) -> PromptEvent:
         """Start the policy's turn and the drafter's reply (the target has read the prompt)."""
         self.policy.start_turn()
-        started = self._clock()
         if self.drafter is not None:
             self.drafter.prefill(self.tokens[:-1], self.hints)
-        self.stats.prompt_s += self._clock() - started
+        self.stats.prompt_s = self._clock() - self.prompt_started
         return PromptEvent(len(self.tokens), self.stats.prompt_s)
 
     def _finish_reason_before_step(self) -> FinishReason | None:

@@ -12,9 +12,7 @@ import pytest
 
 from chatapp.api.exchange import (
     ChatExchange,
-    ExchangeDone,
     ExchangeRequest,
-    ExchangeResult,
     ExchangeStarted,
     FimUnsupportedError,
     PromptTooLongError,
@@ -27,7 +25,7 @@ from chatapp.engine.contracts import NO_HINTS, DraftBudget
 from chatapp.engine.sampling import SamplingParams
 from chatapp.policy.fixed import FixedDraftLength
 from tests.serve_launcher import fake_factory
-from tests.test_exchange import CONFIG
+from tests.test_exchange import CONFIG, run
 
 PREFIX = "the draft token is "
 SUFFIX = " and the target token is the draft token"
@@ -38,46 +36,35 @@ def exchange(fim: bool = True, max_tokens: int = 40) -> ChatExchange:
                         CONFIG)
 
 
-def run(chat: ChatExchange, request: ExchangeRequest) -> tuple[list[object], ExchangeResult]:
-    events = list(chat.run(request, threading.Event()))
-    done = events[-1]
-    assert isinstance(done, ExchangeDone)
-    return events, done.result
-
-
 def raw(prompt: str, suffix: str = "", **fields: object) -> ExchangeRequest:
     return ExchangeRequest((), raw=RawText(prompt, suffix), **fields)  # type: ignore[arg-type]
 
 
-def session_policy() -> FixedDraftLength:
-    return FixedDraftLength(0)
+def prompt_of(rules: RawText) -> list[int]:
+    """The prompt ``ChatSession.reply`` plans under ``rules`` on the fakes with FIM tokens."""
+    session = fake_factory(8, 0.0, False, True)(CONFIG, lambda *_: None)
+    plan, events = session.reply((), FixedDraftLength(0), rules=rules)
+    events.close()
+    return plan.tokens
 
 
 def test_a_raw_prompt_is_its_plain_text_with_no_template() -> None:
-    session = fake_factory(8, 0.0, False, True)(CONFIG, lambda *_: None)
-    plan, events = session.reply((), session_policy(), rules=RawText(PREFIX))
-    events.close()
-    assert plan.tokens == FakeBackend(fim=True).tokenize(PREFIX)
+    assert prompt_of(RawText(PREFIX)) == FakeBackend(fim=True).tokenize(PREFIX)
 
 
 def test_a_suffix_makes_the_fill_in_the_middle_prompt_prefix_suffix_middle() -> None:
-    session = fake_factory(8, 0.0, False, True)(CONFIG, lambda *_: None)
-    plan, events = session.reply((), session_policy(), rules=RawText(PREFIX, SUFFIX))
-    events.close()
     fake = FakeBackend(fim=True)
     assert fake.fim_ids is not None
     pre, suf, mid = fake.fim_ids
-    assert plan.tokens == [pre, *fake.tokenize(PREFIX), suf, *fake.tokenize(SUFFIX), mid]
+    assert prompt_of(RawText(PREFIX, SUFFIX)) == [
+        pre, *fake.tokenize(PREFIX), suf, *fake.tokenize(SUFFIX), mid]
 
 
 def test_control_token_text_in_the_prompt_stays_text() -> None:
-    session = fake_factory(8, 0.0, False, True)(CONFIG, lambda *_: None)
-    plan, events = session.reply((), session_policy(),
-                                 rules=RawText("<|fim_middle|>the ", SUFFIX))
-    events.close()
+    tokens = prompt_of(RawText("<|fim_middle|>the ", SUFFIX))
     fim = FakeBackend(fim=True).fim_ids
     assert fim is not None
-    assert plan.tokens.count(fim[2]) == 1 and plan.tokens[-1] == fim[2]
+    assert tokens.count(fim[2]) == 1 and tokens[-1] == fim[2]
 
 
 def test_a_model_without_fim_tokens_refuses_a_suffix_and_says_why() -> None:

@@ -23,6 +23,7 @@ from chatapp.engine.loop import PROMPT_CHUNK, GenerationSettings, SpeculativeEng
 from chatapp.settings.config import Config, ConfigError, load_config
 from chatapp.settings.options import OPTIONS
 from chatapp.tui.widgets import MessageView
+from tests.conftest import ready, reply_done, send, tui_fake_factory, views, wait_for
 
 LONG = [1 + i % 25 for i in range(2 * PROMPT_CHUNK + 100)]
 
@@ -99,3 +100,19 @@ def test_n_ctx_is_auto_by_default_and_an_explicit_number_still_wins(tmp_path) ->
     assert load_config(path).context_tokens == 16384
     with pytest.raises(ConfigError, match="n_ctx must be >= 64 or auto"):
         Config(n_ctx="big")
+
+
+async def test_the_app_shows_the_reading_of_a_long_prompt_until_the_reply_starts(
+        tui_make_app) -> None:
+    """engine -> conversation -> the live reply's header, on the app: a 1,100-token message on a
+    slow fake target (0.3 s an evaluation)."""
+    app = tui_make_app(tui_fake_factory(max_tokens=4, delay_s=0.3))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "the " * 1100)
+        await wait_for(pilot, lambda: any("reading the prompt 512 / " in str(v.header.content)
+                                          for v in views(app, "assistant")),
+                       what="the prompt's progress in the header")
+        await reply_done(pilot)
+        header = str(views(app, "assistant")[-1].header.content)
+        assert "reading" not in header and "4 tok" in header

@@ -82,7 +82,7 @@ def replay_auto(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[in
     in the engine (its budget, the drafter's proposal within it, the cut), each step timed at
     ``costs`` (seconds to verify n = 1, 2, ... tokens), greedy verification against ``reply``."""
     context = list(prompt)
-    drafter.prefill(context[:-1])
+    drafter.prefill(context[:-1], NO_HINTS)
     policy.start_turn()
     at, seconds = 0, 0.0
     while at < len(reply):

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from chatapp.backends.fake import STOP_ID, FakeBackend
-from chatapp.chat.loader import generation_settings
+from chatapp.chat.reply_settings import generation_settings
 from chatapp.chat.session import ChatSession
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.loop import SpeculativeEngine

@@ -59,3 +59,20 @@ def test_history_is_refused_for_a_conversation_before_a_model_loads(tmp_path, ca
         main([str(path), "--history"])
     assert exit_info.value.code == 2
     assert "--history" in capsys.readouterr().err
+
+
+def test_the_auto_policy_replays_on_the_same_proposals_and_costs() -> None:
+    """``--auto``: the calibrated policy chooses each step's draft as the engine would; on a
+    reply that copies the prompt it beats plain decoding, and never the oracle."""
+    from benchmarks.drafter_replay import replay_auto
+    from chatapp.engine.calibration import Calibration
+    from chatapp.policy.auto import AutoDraftLength
+
+    quoted = list(range(10, 70))
+    prompt = [1, 2] + quoted + [3]
+    costs = [1.0 + 0.1 * n for n in range(17)]  # verifying more tokens costs a little more
+    policy = AutoDraftLength()
+    policy.calibrate(Calibration(dict(enumerate(costs, 1))))
+    speedup = replay_auto(NgramDrafter(64), prompt, quoted, policy, costs)
+    ceiling = ceiling_speedup(replay(NgramDrafter(64), prompt, quoted, k=16, costs=costs), costs)
+    assert 1.0 < speedup <= ceiling

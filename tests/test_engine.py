@@ -291,3 +291,16 @@ def test_a_stream_closed_mid_step_leaves_no_unverified_positions() -> None:
     assert len(engine.target.cached_tokens) > len(PROMPT + _ids(events))
     stream.close()
     _only_verified(engine, PROMPT + _ids(events))
+
+
+def test_a_replay_stopped_while_its_prompt_is_read_is_stopped_not_failed() -> None:
+    """F8's replay (``decode_alone``) stopped by Esc before its prompt is tokenized: the replay
+    ends as stopped (None), never as an error (``PromptCancelled`` reached the app as 'an
+    unexpected error' once)."""
+    from chatapp.chat.session import ChatSession
+
+    session = ChatSession(SpeculativeEngine(FakeBackend(vocab_size=64)),
+                          GenerationSettings(max_tokens=20), seed=0)
+    cancel = threading.Event()
+    cancel.set()
+    assert session.decode_alone([ChatMessage("user", "a question " * 50)], 20, cancel) is None

@@ -24,6 +24,7 @@ from chatapp.backends.fake import STOP_ID, FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
+from chatapp.engine.constraint import TokenConstraint
 from chatapp.engine.contracts import NO_HINTS, Drafter, DraftHints, DraftPolicy, source_family
 from chatapp.engine.events import StepEvent, TokenEvent, TokenSource
 from chatapp.engine.kv import evaluate_sequence
@@ -77,14 +78,20 @@ def backend(noise: float = 0.0) -> FakeBackend:
     return TimedBackend(DRAFT_CALL_S if noise else TARGET_CALL_S, noise)
 
 
-def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
-    """P(first REPLY tokens = s) under the target alone, for every sequence s."""
+def exact_law(params: SamplingParams,
+              allowed: Callable[[tuple[int, ...]], np.ndarray] | None = None,
+              ) -> dict[tuple[int, ...], float]:
+    """P(first REPLY tokens = s) under the target alone, for every sequence s; with ``allowed``
+    (the tokens a grammar allows after a prefix), the target's logits masked by it."""
     target = backend()
     law: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(REPLY):
         longer = {}
         for prefix, mass in law.items():
-            p = probabilities(evaluate_sequence(target, PROMPT + list(prefix), 1)[0], params)
+            logits = evaluate_sequence(target, PROMPT + list(prefix), 1)[0]
+            if allowed is not None:
+                logits = np.where(allowed(prefix), logits, -np.inf)
+            p = probabilities(logits, params)
             for token in range(1, VOCAB):
                 longer[prefix + (token,)] = mass * p[token]
         law = longer
@@ -93,9 +100,10 @@ def exact_law(params: SamplingParams) -> dict[tuple[int, ...], float]:
 
 def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
                    params: SamplingParams, seed: int = 7, hints: DraftHints = NO_HINTS,
+                   constraint: Callable[[], TokenConstraint | None] = lambda: None,
                    ) -> tuple[Counter, Counter, Counter]:
     """(reply counts, token sources, (source, drafted) of the steps) over SAMPLES replies, each
-    given ``hints``."""
+    given ``hints`` and a new ``constraint()``."""
     engine = SpeculativeEngine(backend(), drafter)
     rng = np.random.default_rng(seed)
     settings = GenerationSettings(params, REPLY)
@@ -103,7 +111,8 @@ def sample_replies(drafter: Drafter, make_policy: Callable[[], DraftPolicy],
     replies, sources, drafted = Counter(), Counter(), Counter()
     for _ in range(SAMPLES):
         reply = []
-        for event in engine.generate(PROMPT, settings, rng, policy, hints=hints):
+        for event in engine.generate(PROMPT, settings, rng, policy, hints=hints,
+                                     constraint=constraint()):
             if isinstance(event, TokenEvent):
                 reply.append(event.id)
                 sources[event.source] += 1

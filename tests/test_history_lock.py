@@ -70,6 +70,7 @@ def test_a_served_reply_is_answered_when_the_history_cannot_save_it(tmp_path) ->
                 {"role": "user", "content": "the user asks"}]})
         assert status == 200, json.dumps(answer)
         assert answer["usage"]["completion_tokens"] == 3
+        assert "not saved to the history" in answer["specchat"]["not_saved"]
     finally:
         assert server.stop() == 0
     assert b"not saved to the history" in server.stderr

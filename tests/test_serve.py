@@ -160,7 +160,10 @@ def test_malformed_json_and_a_body_that_is_not_an_object_are_refused(server) -> 
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tools are not"),
     ({"n": 2}, None, "n > 1 is not supported"),
     ({"logprobs": True}, None, "log probabilities are not"),
-    ({"response_format": {"type": "json_object"}}, None, "JSON modes"),
+    ({"response_format": {"type": "regex"}}, "response_format", "type 'regex' are not"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "bad", "schema": {"type": "objec"}}}}, None,
+     "cannot be used as a grammar: at 1(8): failed to compile JSON schema: Invalid type"),
 ])
 def test_each_refusal_is_an_openai_error_that_names_the_parameter(
         server, fields: dict, param: str | None, words: str) -> None:

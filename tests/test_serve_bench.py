@@ -199,3 +199,26 @@ def test_the_fim_benchmark_times_cold_same_and_typed_requests(tmp_path) -> None:
     assert "same: median prompt" in out.getvalue()
     prefix, suffix = serve_fim.module_source(8)
     assert prefix.endswith('."""\n    ') and suffix.startswith("kept = ")
+
+
+def test_the_structured_measurement_sends_each_schema_to_both_servers(
+        fake_commands, monkeypatch: pytest.MonkeyPatch) -> None:
+    """python -m benchmarks.serve_structured on fake servers: every case to the drafting server
+    and to one started with -k 0, a row per case. (The fakes' vocabulary spells no brace or
+    quote: the cases here are JSON booleans.)"""
+    from benchmarks import serve_structured
+
+    boolean = {"type": "json_schema", "json_schema": {"name": "yes", "schema": {
+        "type": "boolean"}}}
+    monkeypatch.setattr(serve_structured, "CASES", [("is-it", "the user asks", boolean),
+                                                    ("is-it-not", "the user asks", boolean)])
+    out = io.StringIO()
+    results = serve_structured.measure(12, 2, ["--max-tokens", "12"], out, fake_commands.serve)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("| is-it")]
+    assert len(results) == len(rows) == 2
+    for result in results:
+        assert len(result.drafting) == len(result.target_only) == 2
+        assert result.target_only[0].tokens_per_target_call == 1.0 and result.speedup > 0
+        assert result.drafting[0].text in ("true", "false") and result.drafting[0].parses
+    assert all(row.endswith("| yes | yes |") for row in rows), out.getvalue()
+    assert "Speed-up over target-only" in out.getvalue()

@@ -28,7 +28,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chatapp.api.served import ServedChats
 from chatapp.api.stops import Piece, StopScanner
@@ -50,14 +50,16 @@ from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.stats import TurnStats
 from chatapp.errors import UserFacingError
+from chatapp.grammar.matcher import GrammarError
 from chatapp.policy.draft_length import DraftLength
 from chatapp.settings.config import Config
 from chatapp.text_budget import PromptCancelled, PromptOverLimit
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
-           "FimUnsupportedError", "PredictionTooLongError", "PromptCancelled",
-           "PromptTooLongError", "RawText", "ReplyDelta", "SourceCounts", "open_exchange"]
+           "FimUnsupportedError", "GrammarError", "PredictionTooLongError", "PromptCancelled",
+           "PromptTooLongError", "RawText", "ReplyDelta", "ReplyGrammar", "SourceCounts",
+           "open_exchange"]
 log = logging.getLogger(__name__)
 
 
@@ -132,7 +134,9 @@ class ExchangeResult:
     engine's; ``sources``: drafting per source family; ``prediction_tokens``: the predicted
     output's length in tokens (None: no prediction), of which ``accepted_prediction`` appear in
     the reply (in order) and ``rejected_prediction`` do not; ``prediction_used``: the drafter
-    took it as a source (the default drafter does; the draft model alone does not)."""
+    took it as a source (the default drafter does; the draft model alone does not);
+    ``not_saved``: why the history could not keep the reply ("" when it did, or was not asked
+    to)."""
 
     text: str
     finish_reason: Ending
@@ -143,6 +147,7 @@ class ExchangeResult:
     accepted_prediction: int = 0
     rejected_prediction: int = 0
     prediction_used: bool = False
+    not_saved: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,23 +210,27 @@ class ChatExchange:
             reply.pieces.extend(held)
             yield ReplyDelta(tuple(held))
         result = reply.result(predicted, self.session.takes_prediction)
-        self._keep(request, chat, reply, result)
-        yield ExchangeDone(result)
+        not_saved = self._keep(request, chat, reply, result)
+        yield ExchangeDone(replace(result, not_saved=not_saved))
 
     def _keep(self, request: ExchangeRequest, chat: int | None, reply: "_Reply",
-              result: ExchangeResult) -> None:
+              result: ExchangeResult) -> str:
         """Save the exchange (with a history) and what the policy learnt. A reply that
-        finished is answered even when the history cannot save it: the failure is logged."""
+        finished is answered even when the history cannot save it: the failure is logged and
+        returned (what to tell the client), else ""."""
         meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
         try:
             if request.raw is None:
-                    self.served.save(request.messages, chat, result.text, reply.pieces,
+                self.served.save(request.messages, chat, result.text, reply.pieces,
                                  result.stats, result.finish_reason, meta)
         except (HistoryError, sqlite3.Error, OSError) as error:
             log.warning("The reply was answered but not saved to the history: %s", error)
-        if result.finish_reason is not Ending.CANCELLED:
-            self.policy.remember(policy_setting(self.config))
+            return f"The reply was not saved to the history: {error}"
+        finally:
+            if result.finish_reason is not Ending.CANCELLED:
+                self.policy.remember(policy_setting(self.config))
+        return ""
 
     def _predicted(self, request: ExchangeRequest, cancel: threading.Event) -> list[int] | None:
         """The predicted output's tokens (plain text; None without one);

@@ -9,7 +9,10 @@ verified position; the emitted tokens then follow the target's law restricted to
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,3 +23,8 @@ class ReplyGrammar:
 
     lark: str
     purpose: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any], purpose: str) -> "ReplyGrammar":
+        """The reply is one JSON value that ``schema`` validates (``{}``: any JSON value)."""
+        return cls(f"start: %json {json.dumps(schema)}", purpose)

@@ -37,8 +37,9 @@ from chatapp.engine.events import DoneEvent, Event
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
 from chatapp.engine.stats import TurnStats
+from chatapp.grammar.matcher import GrammarConstraint, Grammars
 from chatapp.policy.fixed import FixedDraftLength
-from chatapp.text_budget import plain_tokens
+from chatapp.text_budget import PromptCancelled, plain_tokens
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class ChatSession:
         self._system_prompt = system_prompt
         self._rng = np.random.default_rng(seed)
         self._told_fallback = False
+        self._grammars = Grammars(engine.target)
         self.notes = notes
         self.takes_prediction = takes_prediction
 
@@ -164,14 +166,17 @@ class ChatSession:
               ) -> tuple[PromptPlan, Iterator[Event]]:
         """Plan the prompt of ``messages`` under ``rules`` (may raise what they raise) and return
         the plan with the reply's event stream, drafted with ``policy`` and ``hints``; setting
-        ``cancel`` ends the reply after the step under way."""
+        ``cancel`` ends the reply after the step under way. A grammar in ``overrides`` holds the
+        reply to it (``GrammarError`` when llguidance cannot compile it)."""
         settings = self._settings_with(overrides)
         plan = rules.plan(self._renderer(cancel), self._system_prompt, messages, self.n_ctx,
                           reply_room(settings.max_tokens, self.n_ctx))
         plan = replace(plan, fallback_template=self._engine.target.uses_fallback_template,
                        note=self._fallback_note())
+        constraint = self._constraint(overrides.grammar)
         rng = self._rng if overrides.seed is None else np.random.default_rng(overrides.seed)
-        return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints)
+        return plan, self._engine.generate(plan.tokens, settings, rng, policy, cancel, hints,
+                                           constraint)
 
     def decode_alone(self, messages: Sequence[ChatMessage], max_tokens: int,
                      cancel: threading.Event, clock: EngineClock | None = None
@@ -181,8 +186,11 @@ class ChatSession:
         its final statistics, None when ``cancel`` stopped it. The session's own generator is
         left alone, so later replies are as they would have been. ``clock`` times the stream's
         holding."""
-        plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
-                                self.n_ctx, self.reply_room)
+        try:
+            plan = TRIM_OLDEST.plan(self._renderer(cancel), self._system_prompt, messages,
+                                    self.n_ctx, self.reply_room)
+        except PromptCancelled:  # stopped while its prompt was read
+            return None
         settings = replace(self._settings, max_tokens=max_tokens)
         rng = np.random.default_rng(self._seed)
         events = self._engine.generate(plan.tokens, settings, rng, FixedDraftLength(0), cancel)
@@ -194,6 +202,11 @@ class ChatSession:
     def _renderer(self, cancel: threading.Event | None) -> "_TargetRender":
         """The target's prompt rendering, its tokenization stopped once ``cancel`` is set."""
         return _TargetRender(self._engine, cancel)
+
+    def _constraint(self, grammar: ReplyGrammar | None) -> GrammarConstraint | None:
+        """A reply's constraint for ``grammar`` over the target's vocabulary (None: none)."""
+        return None if grammar is None else self._grammars.constraint(grammar.lark,
+                                                                       grammar.purpose)
 
     def _settings_with(self, overrides: ReplyOverrides) -> GenerationSettings:
         base = self._settings

@@ -26,6 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from chatapp.backends.base import Backend
+from chatapp.engine.constraint import (
+    TokenConstraint,
+    constrain_draft,
+    constrained_probabilities,
+    masked_logits,
+)
 from chatapp.engine.contracts import (
     NO_HINTS,
     DraftBudget,
@@ -143,9 +149,12 @@ class SpeculativeEngine:
         policy: DraftPolicy | None = None,
         cancel: threading.Event | None = None,
         hints: DraftHints = NO_HINTS,
+        constraint: TokenConstraint | None = None,
     ) -> Iterator[Event]:
         """Stream the reply to ``prompt`` (token ids, chat template already applied). ``hints``
-        go to the drafter's ``prefill`` and hold for this reply only."""
+        go to the drafter's ``prefill`` and hold for this reply only. ``constraint``: the grammar
+        the reply must match, at its start state (``chatapp.engine.constraint``: the reply
+        follows the target's law restricted to it, exactly, and ends where it is complete)."""
         policy = policy or _PlainDecoding()
         cancel = cancel or threading.Event()
         if len(prompt) + 1 > self.target.n_ctx:
@@ -153,7 +162,7 @@ class SpeculativeEngine:
                 f"The prompt is {len(prompt)} tokens but the context window holds "
                 f"{self.target.n_ctx}. Shorten the message or raise n_ctx (--n-ctx)."
             )
-        turn = _Turn(self, list(prompt), settings, rng, policy, cancel, hints)
+        turn = _Turn(self, list(prompt), settings, rng, policy, cancel, hints, constraint)
         yield from turn.run()
 
 
@@ -169,7 +178,7 @@ class _Turn:
 
     def __init__(self, engine: SpeculativeEngine, tokens: list[int], settings: GenerationSettings,
                  rng: np.random.Generator, policy: DraftPolicy, cancel: threading.Event,
-                 hints: DraftHints = NO_HINTS) -> None:
+                 hints: DraftHints = NO_HINTS, constraint: TokenConstraint | None = None) -> None:
         self.target = engine.target
         self.drafter = engine.drafter
         self.tokens = tokens
@@ -178,6 +187,7 @@ class _Turn:
         self.policy = policy
         self.cancel = cancel
         self.hints = hints
+        self.constraint = constraint
         self.stats = StatsRecorder(prompt_tokens=len(tokens))
         self.text = TextStream()
         self.emitted = 0
@@ -216,7 +226,10 @@ class _Turn:
         statistics so far) and why the reply ends with it (None: it goes on)."""
         proposal, granted, draft_s = self._draft()
         started = self._clock()
-        n_accepted, next_token = self._verify(proposal)
+        if self.constraint is None:
+            n_accepted, next_token = self._verify(proposal)
+        else:
+            proposal, n_accepted, next_token = self._verify_constrained(self.constraint, proposal)
         verify_s = self._clock() - started
         k = len(proposal.tokens)
         self.stats.record_step(k, n_accepted, draft_s, verify_s)
@@ -265,6 +278,8 @@ class _Turn:
             return FinishReason.CANCELLED
         if self.emitted >= self.settings.max_tokens or len(self.tokens) >= self.target.n_ctx:
             return FinishReason.LENGTH
+        if self.constraint is not None and self.constraint.finished:
+            return FinishReason.STOP  # the target's masked law would draw a stop token
         return None
 
     def _draft(self) -> tuple[Proposal, int, float]:
@@ -289,13 +304,31 @@ class _Turn:
         self.last_k = budget.for_source(proposal.source) if proposal.tokens else 0
         return proposal, self.last_k, draft_s
 
-    def _verify(self, proposal: Proposal) -> tuple[int, int]:
+    def _verify(self, proposal: Proposal, masks: np.ndarray | None = None,
+                refused: np.ndarray | None = None) -> tuple[int, int]:
+        """Verify ``proposal`` with one target forward: ``(n_accepted, next_token)``. With
+        ``masks`` (a row per verified position), against the target's law restricted to the
+        tokens they allow; ``refused``: as ``verify`` takes it."""
         k = len(proposal.tokens)
         logits = evaluate_sequence(self.target, self.tokens + proposal.tokens, k + 1)
-        if self.settings.sampling.greedy:
-            return verify_greedy(proposal.tokens, greedy_tokens(logits))
-        target_probs = probabilities(logits, self.settings.sampling)
-        return verify(proposal.tokens, proposal.probs, target_probs, self.rng)
+        sampling = self.settings.sampling
+        if sampling.greedy:
+            masked = logits if masks is None else masked_logits(logits, masks)
+            return verify_greedy(proposal.tokens, greedy_tokens(masked))
+        target_probs = (probabilities(logits, sampling) if masks is None
+                        else constrained_probabilities(logits, masks, sampling))
+        return verify(proposal.tokens, proposal.probs, target_probs, self.rng, refused)
+
+    def _verify_constrained(self, constraint: TokenConstraint, proposal: Proposal
+                            ) -> tuple[Proposal, int, int]:
+        """``_verify`` of ``proposal`` cut at its first token ``constraint`` refuses (the
+        proposal verified, ``n_accepted``, ``next_token``); the constraint then stands after the
+        tokens the step emits: back over the rejected drafts, on over the token drawn."""
+        draft = constrain_draft(constraint, proposal)
+        n_accepted, token = self._verify(draft.proposal, draft.masks, draft.refused)
+        constraint.rollback(len(draft.proposal.tokens) - n_accepted)
+        constraint.consume(token)
+        return draft.proposal, n_accepted, token
 
     def _discard_unverified(self, verified: int) -> None:
         """Roll both caches back to the emitted history: rejected or unemitted drafts go now."""

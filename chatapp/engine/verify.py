@@ -3,9 +3,12 @@
 Contract of ``verify``: given K drafted tokens, the distributions q_i they were *actually* drawn
 from, and the target's distributions p_0..p_K at the same positions plus the one after, accept
 draft i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the replacement
-from norm(max(0, p_i - q_i)); if all K are accepted draw a bonus token from p_K. Every token that
-results follows the target's distribution exactly, whatever q is (one-hot greedy or n-gram
-proposals included). Pure: no model, no I/O; randomness only from the generator passed in.
+from norm(max(0, p_i - q_i)); if all K are accepted draw a bonus token from p_K, or, when the draft
+was cut before a token x_K that p_K refuses (p_K(x_K) = 0: a grammar's mask), from
+norm(max(0, p_K - q_K)) with the q_K that x_K was drawn from (``refused``), as verifying x_K would
+have. Every token that results follows the target's distribution exactly, whatever q is (one-hot
+greedy or n-gram proposals included). Pure: no model, no I/O; randomness only from the generator
+passed in.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ def verify(
     draft_probs: np.ndarray,
     target_probs: np.ndarray,
     rng: np.random.Generator,
+    refused: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """Return ``(n_accepted, next_token)``; see the module docstring.
 
     ``draft_probs`` has shape (K, V); ``target_probs`` has shape (K+1, V). K may be 0.
+    ``refused`` (V,): the distribution of a drafted token after the K that was cut off because
+    the target's law gives it no mass; None: there was none.
     """
     k = len(draft_tokens)
     if target_probs.shape[0] != k + 1 or (k and draft_probs.shape[0] != k):
@@ -38,7 +44,8 @@ def verify(
         if _accepts(p[token], q[token], rng):
             continue
         return i, sample(_residual(p, q), rng)
-    return k, sample(target_probs[k], rng)
+    last = target_probs[k]
+    return k, sample(last if refused is None else _residual(last, refused), rng)
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> tuple[int, int]:

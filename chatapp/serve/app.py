@@ -29,6 +29,7 @@ from chatapp.api.exchange import (
     ExchangeResult,
     ExchangeStarted,
     FimUnsupportedError,
+    GrammarError,
     PredictionTooLongError,
     PromptCancelled,
     PromptTooLongError,
@@ -156,6 +157,8 @@ class ApiServer:
         except PredictionTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
                            param="prediction") from None
+        except GrammarError as error:
+            raise ApiError(400, str(error), code="invalid_grammar") from None
 
     async def _read_body(self, request: web.Request, schema: type[Body]) -> Body:
         """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown

@@ -55,6 +55,8 @@ def speculation(result: ExchangeResult) -> dict[str, Any]:
         "decode_tokens_per_s": round(decode_tokens_per_s(stats), 3),
         "finish_reason": result.finish_reason,
     }
+    if result.not_saved:
+        data["not_saved"] = result.not_saved
     if result.prediction_tokens is not None:
         data["prediction"] = {"tokens": result.prediction_tokens,
                               "used_as_draft_source": result.prediction_used}

@@ -3,10 +3,12 @@
 What is served: ``messages`` (system, developer = system, user, assistant; text content as a
 string or as text parts), ``temperature``, ``top_p``, ``top_k`` (an extension), ``seed``,
 ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``n`` = 1, ``stream`` with
-``stream_options.include_usage``, and ``prediction`` ``{"type": "content", "content": ...}``.
+``stream_options.include_usage``, ``prediction`` ``{"type": "content", "content": ...}``, and
+``response_format`` ``text``, ``json_object`` (any JSON object) or ``json_schema`` (a JSON value
+its ``schema`` validates, enforced whether ``strict`` or not), which become the reply's grammar.
 Fields the OpenAI API defines that change nothing here (``user``, ``metadata``, ``store``, ...)
 are accepted; the ones that would change the reply in a way specchat cannot (tools, images and
-audio, ``n`` > 1, log probabilities, penalties, ``logit_bias``, a JSON response format) are
+audio, ``n`` > 1, log probabilities, penalties, ``logit_bias``, another response format) are
 refused, each with its reason; any other field is refused as unknown, as OpenAI does.
 """
 
@@ -17,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from chatapp.api.exchange import ChatMessage, ExchangeRequest
+from chatapp.api.exchange import ChatMessage, ExchangeRequest, ReplyGrammar
 from chatapp.serve.errors import UNSUPPORTED
 from chatapp.settings.options import MAX_SEED
 
@@ -91,9 +93,38 @@ class Prediction(BaseModel):
         return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's structured outputs."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the schema is enforced either way
+
+
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: str
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _served(self) -> "ResponseFormat":
+        if self.type not in ("text", "json_object", "json_schema"):
+            raise _refuse(f"response formats of type '{self.type}'")
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "Field required: json_schema")
+        return self
+
+    def grammar(self) -> ReplyGrammar | None:
+        """The grammar the reply must match (None: plain text)."""
+        if self.type == "json_object":
+            return ReplyGrammar.json_schema({"type": "object"}, "response_format json_object")
+        if self.type == "json_schema" and self.json_schema is not None:
+            return ReplyGrammar.json_schema(
+                self.json_schema.json_schema,
+                f"response_format json_schema '{self.json_schema.name}'")
+        return None
 
 
 # Fields that would change the reply in a way specchat cannot: refused when set to anything but
@@ -176,8 +207,6 @@ class ChatCompletionRequest(StreamedRequest):
         if self.n is not None and self.n > 1:
             raise PydanticCustomError(UNSUPPORTED, "n > 1 is not supported by specchat serve: "
                                       "it makes one reply at a time (send n requests)")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise _refuse("response formats other than text (JSON modes)")
         return self
 
     def exchange(self) -> ExchangeRequest:
@@ -187,4 +216,5 @@ class ChatCompletionRequest(StreamedRequest):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             max_tokens=self.max_completion_tokens or self.max_tokens, seed=self.seed,
             stop=self.stop_sequences,
-            prediction=self.prediction.text if self.prediction else None)
+            prediction=self.prediction.text if self.prediction else None,
+            grammar=self.response_format.grammar() if self.response_format else None)

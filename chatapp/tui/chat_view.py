@@ -49,7 +49,7 @@ from chatapp.tui.widgets import MessageView, Note
 WELCOME = ("Ask anything. The small draft model proposes tokens, the target verifies them: each "
            "token is coloured by where it came from (legend below). ctrl+↑/ctrl+↓ change the "
            "draft length K while a reply streams, F2 shows the statistics, F1 all keys.")
-FRAMES_PER_S = 12  # the most a streaming reply's text is shown again, per second
+FRAMES_PER_S = 10  # the most a streaming reply's text is shown again, per second
 FIGURES_PER_S = 2  # the same for its figures: the header, the status line, the stats panel
 
 
@@ -263,7 +263,8 @@ class ChatView(Vertical):
     def _stream(self, turn: Turn) -> None:
         """(Worker thread.) Post ``turn``'s events to the view (``post_reply``)."""
         worker = get_current_worker()
-        post_reply(self.chat.stream(turn), turn, self.post_message, lambda: worker.is_cancelled)
+        post_reply(self.chat.stream(turn), turn, self.post_message, lambda: worker.is_cancelled,
+                   1 / FRAMES_PER_S)
 
     def on_reply_events(self, message: ReplyEvents) -> None:
         """Apply the events to their turn, show what they added (at the pace, see the module

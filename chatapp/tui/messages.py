@@ -3,11 +3,12 @@ bubble up to the app, and a reply's or a replay's, which stay with the chat view
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from textual.message import Message
 
-from chatapp.chat.events import ReplayStats, TokenEvent
+from chatapp.chat.events import ReplayStats, StepEvent, TokenEvent
 from chatapp.chat.session import ChatSession
 from chatapp.chat.turns import ChatEvent, ReplayJob, Turn
 from chatapp.tui.errors import describe_error
@@ -36,8 +37,9 @@ class LoadFailed(Message):
 
 
 class ReplyEvents(Message):
-    """Events of a reply's stream, in order: the plan, the prompt, one step (its tokens and its
-    ``StepEvent``: never one message per character) or the end (with the ``DoneEvent``)."""
+    """Events of a reply's stream, in order: the plan, the prompt, the steps since the last
+    message (their tokens and ``StepEvent``s: never one message per character) or the end (with
+    the ``DoneEvent``)."""
 
     bubble = False
 
@@ -57,19 +59,28 @@ class ReplyFailed(Message):
 
 
 def post_reply(events: Iterable[ChatEvent], turn: Turn, post: Callable[[Message], object],
-               cancelled: Callable[[], bool]) -> None:
+               cancelled: Callable[[], bool], interval_s: float = 0.0) -> None:
     """(A worker thread.) ``post`` the ``events`` of ``turn``'s stream in order, in batches:
-    the plan and the prompt at once, each step's tokens with its ``StepEvent``, the end; a
-    failure (``ReplyFailed``) after the events before it. ``cancelled()`` True stops the turn."""
+    the plan and the prompt at once; the steps' tokens with their ``StepEvent``s, the first step
+    at once, then at most once every ``interval_s`` seconds (a step that ends sooner after the
+    last step posted waits for a later one: each message wakes the app's thread, and the app
+    shows text at most that often anyway); the end at once; a failure (``ReplyFailed``)
+    after the events before it. ``cancelled()`` True stops the turn."""
     batch: list[ChatEvent] = []
+    posted = -interval_s
     try:
         for event in events:
             if cancelled():
                 turn.cancel.set()
             batch.append(event)
-            if not isinstance(event, TokenEvent):
+            if isinstance(event, TokenEvent):
+                continue
+            if not isinstance(event, StepEvent):
                 post(ReplyEvents(turn, batch))
                 batch = []
+            elif (now := time.monotonic()) - posted >= interval_s:
+                post(ReplyEvents(turn, batch))
+                batch, posted = [], now
     except Exception as error:  # shown in the app; the typed text goes back to the input
         if batch:
             post(ReplyEvents(turn, batch))

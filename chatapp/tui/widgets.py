@@ -109,6 +109,8 @@ class MessageView(Vertical):
         self.k_label = entry.k_label
         self.finish_reason = entry.finish_reason
         self.turn = None
+        if self.body is not None:
+            self.body.settle()
         self.update_header(entry.stats)
 
     def _set_state_classes(self) -> None:

@@ -90,7 +90,8 @@ def _model_options() -> argparse.ArgumentParser:
                         help="random seed (default: a new one per start)")
     common.add_argument("--max-tokens", **_option("max_tokens"), help="longest reply, in tokens")
     common.add_argument("--system", dest="system_prompt", help="system prompt")
-    common.add_argument("--n-ctx", **_option("n_ctx"), help="context window, in tokens")
+    common.add_argument("--n-ctx", **_option("n_ctx"), help="context window, in tokens, or auto "
+                        "(the default: the model's trained context as far as memory allows)")
     common.add_argument("--overflow", **_option("overflow"), help="a message that would not fit "
                         "the context: leave the oldest turns out of the model's view "
                         "(drop-oldest, the default) or refuse to send it")

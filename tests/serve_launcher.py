@@ -1,11 +1,12 @@
 """`specchat serve` on fake backends, and a handle on a server process for the tests.
 
     python -m tests.serve_launcher [--fake-delay S] [--fake-endless] [--fake-max-tokens N]
-                                   [--fake-load-delay S] [--head-timeout S]
+                                   [--fake-load-delay S] [--fake-fim] [--head-timeout S]
                                    [--max-connections N] [--body-timeout S] SERVE OPTIONS...
         `specchat serve SERVE OPTIONS` (cli.main), its models the fakes of tests/conftest.py:
         the exact fake target, and the default drafter (speculative edits, the suffix index,
-        prompt lookup, then a noisy fake draft model); ``--head-timeout``,
+        prompt lookup, then a noisy fake draft model; ``--fake-fim``: both with
+        fill-in-the-middle tokens); ``--head-timeout``,
         ``--max-connections`` and ``--body-timeout`` replace the server's limits
 
 ``ServeProcess`` starts either (this launcher, or the real `python -m chatapp.cli serve`) on a
@@ -27,14 +28,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+FAKE_N_CTX = 4096  # the fakes' window for n_ctx "auto"
 FAKE_MODEL_OPTIONS = ["--draft", "fake-draft", "--target", "fake-target", "-k", "3",
                       "--drafter", "ngram+model", "--temperature", "0", "--seed", "0"]
 
 
 def fake_factory(max_tokens: int, delay_s: float, endless: bool,  # noqa: ANN201
-                 load_delay_s: float = 0.0):
+                 load_delay_s: float = 0.0, fim: bool = False):
     """A session factory on fakes with the default drafter, as ``build_session`` makes it
-    (``load_delay_s``: loading takes that long)."""
+    (``load_delay_s``: loading takes that long; ``fim``: the fakes have fill-in-the-middle
+    tokens)."""
     from chatapp.backends.fake import FakeBackend
     from chatapp.chat.reply_settings import generation_settings
     from chatapp.chat.session import ChatSession
@@ -49,12 +52,13 @@ def fake_factory(max_tokens: int, delay_s: float, endless: bool,  # noqa: ANN201
 
     def factory(config, progress):  # noqa: ANN001, ANN202
         time.sleep(load_delay_s)
-        target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=config.n_ctx,
-                                                                  delay_s=delay_s)
+        n_ctx = config.context_tokens or FAKE_N_CTX
+        target = (EndlessFakeBackend if endless else FakeBackend)(n_ctx=n_ctx, delay_s=delay_s,
+                                                                  fim=fim)
         ngram = NgramDrafter(target.vocab_size, suffix=SuffixSource(HistoryCorpus()),
                              ends_line=line_end_test(target.token_bytes))
-        drafter = NgramModelDrafter(ngram, ModelDrafter(FakeBackend(noise=1.0,
-                                                                    n_ctx=config.n_ctx)))
+        drafter = NgramModelDrafter(ngram, ModelDrafter(FakeBackend(noise=1.0, fim=fim,
+                                                                    n_ctx=n_ctx)))
         settings = dataclasses.replace(generation_settings(config), max_tokens=max_tokens)
         return ChatSession(SpeculativeEngine(target, drafter), settings, seed=0,
                            system_prompt=config.system_prompt, takes_prediction=True)
@@ -71,6 +75,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--fake-endless", action="store_true")
     parser.add_argument("--fake-max-tokens", type=int, default=40)
     parser.add_argument("--fake-load-delay", type=float, default=0.0)
+    parser.add_argument("--fake-fim", action="store_true")
     parser.add_argument("--head-timeout", type=float)
     parser.add_argument("--max-connections", type=int)
     parser.add_argument("--body-timeout", type=float)
@@ -78,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     _set_limits(fake)
     serve = chatapp.serve.command.serve_command
     factory = fake_factory(fake.fake_max_tokens, fake.fake_delay, fake.fake_endless,
-                           fake.fake_load_delay)
+                           fake.fake_load_delay, fake.fake_fim)
     chatapp.serve.command.serve_command = (  # type: ignore[assignment]
         lambda config, options: serve(config, options, factory))
     return cli_main(["serve", *FAKE_MODEL_OPTIONS, *rest])

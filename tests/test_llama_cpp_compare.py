@@ -104,7 +104,8 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
     prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")
     count = len(FakeBackend().chat_prompt([ChatMessage("user", prompt.text)]))
     monkeypatch.setattr(compare, "resolve_model", lambda name: Path(f"{name}.gguf"))
-    def fake(model: str, role: str, config: Config, progress: object = None) -> FakeBackend:
+    def fake(model: str, role: str, config: Config, progress: object = None,
+             n_ctx: int | None = None) -> FakeBackend:
         return FakeBackend(noise=1.0 if role == "draft" else 0.0)
 
     monkeypatch.setattr(compare, "load_backend", fake)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import serve_agent, serve_overhead
+from benchmarks import serve_agent, serve_fim, serve_overhead
 from chatapp.bench.specs import load_prompts, select_prompts
 from tests.serve_launcher import REPO, ServeProcess
 
@@ -180,6 +180,25 @@ def test_the_agent_tool_explains_a_bad_session(tmp_path: Path, capsys) -> None:
     assert serve_agent.main(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1",
                              "--turns", "1"]) == 1
     assert "did not answer" in capsys.readouterr().err
+
+
+def test_the_fim_benchmark_times_cold_same_and_typed_requests(tmp_path) -> None:
+    """python -m benchmarks.serve_fim on a fake server with FIM tokens: three requests a round,
+    the warm ones reading only what differs from the cache."""
+    server = ServeProcess(tmp_path, ["--fake-fim"])
+    out = io.StringIO()
+    try:
+        assert serve_fim.main([server.base_url, "--rounds", "2", "--functions", "8",
+                               "--json", str(tmp_path / "fim.json")], out) == 0
+    finally:
+        server.stop()
+    data = json.loads((tmp_path / "fim.json").read_text())
+    assert [(r["round"], r["kind"]) for r in data["rows"]] == [
+        (n, kind) for n in (1, 2) for kind in serve_fim.KINDS]
+    assert set(data["medians"]) == set(serve_fim.KINDS)
+    assert "same: median prompt" in out.getvalue()
+    prefix, suffix = serve_fim.module_source(8)
+    assert prefix.endswith('."""\n    ') and suffix.startswith("kept = ")
 
 
 def test_the_structured_measurement_sends_each_schema_to_both_servers(

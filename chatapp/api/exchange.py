@@ -9,7 +9,10 @@ a prompt that leaves no room for a reply raises ``PromptTooLongError``). The pre
 travels in the reply's hints (``DraftHints.predicted``) and becomes a source of the default
 drafter for that reply only (``chatapp.drafters.prediction``), verified like every other; the
 reply's text goes into the drafter's suffix index under a key of its own
-(``chatapp.api.served``), and into the history only with ``save``. One draft length handle
+(``chatapp.api.served``), and into the history only with ``save``. A raw completion (the
+completions API: ``ExchangeRequest.raw``, a ``RawText`` prompt and perhaps a suffix to fill in
+before) goes through the same pipeline under those prompt rules instead, and is not saved: the
+history holds conversations. One draft length handle
 (``DraftLength``) lives across exchanges and starts from what the last run on this machine and
 pair measured, as the app's does.
 
@@ -32,7 +35,13 @@ from chatapp.api.stops import Piece, StopScanner
 from chatapp.assembly.loader import LoadProgress, build_session
 from chatapp.chat.history import HistoryError, HistoryStore
 from chatapp.chat.message import ChatMessage
-from chatapp.chat.prompt import REFUSE_TOO_LONG, PromptTooLongError
+from chatapp.chat.prompt import (
+    REFUSE_TOO_LONG,
+    FimUnsupportedError,
+    PromptRules,
+    PromptTooLongError,
+    RawText,
+)
 from chatapp.chat.reply_grammar import ReplyGrammar
 from chatapp.chat.reply_settings import policy_setting
 from chatapp.chat.reply_values import DraftLengthUse, Ending
@@ -49,8 +58,9 @@ from chatapp.text_budget import PromptCancelled, PromptOverLimit
 
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
-           "GrammarError", "PredictionTooLongError", "PromptCancelled", "PromptTooLongError",
-           "ReplyDelta", "ReplyGrammar", "SourceCounts", "open_exchange"]
+           "FimUnsupportedError", "GrammarError", "PredictionTooLongError", "PromptCancelled",
+           "PromptTooLongError", "RawText", "ReplyDelta", "ReplyGrammar", "SourceCounts",
+           "open_exchange"]
 log = logging.getLogger(__name__)
 
 
@@ -68,7 +78,8 @@ class ExchangeRequest:
     """One request; None fields take the server's settings (``max_tokens``
     ``UNTIL_CONTEXT_END``: the reply may run to the end of the window); ``tools``: the declared
     functions and the choice among them (their calls are read from the reply's text by
-    ``chatapp.api.tool_calls``); ``grammar``: what the reply must match."""
+    ``chatapp.api.tool_calls``); ``grammar``: what the reply must match; ``raw``: a raw
+    completion's prompt (then ``messages`` is empty)."""
 
     messages: tuple[ChatMessage, ...]
     temperature: float | None = None
@@ -81,6 +92,12 @@ class ExchangeRequest:
     grammar: ReplyGrammar | None = None
     tools: Tools = NO_TOOLS
     min_p: float | None = None
+    raw: RawText | None = None
+
+    @property
+    def rules(self) -> PromptRules:
+        """The prompt rules of the request: its raw text's, else the API's for messages."""
+        return self.raw if self.raw is not None else REFUSE_TOO_LONG
 
     @property
     def overrides(self) -> ReplyOverrides:
@@ -180,7 +197,7 @@ class ChatExchange:
         prediction with ``PromptCancelled``."""
         predicted = self._predicted(request, cancel)
         chat, hints = self.served.hints(request.messages, predicted or ())
-        plan, events = self.session.reply(request.messages, self.policy, rules=REFUSE_TOO_LONG,
+        plan, events = self.session.reply(request.messages, self.policy, rules=request.rules,
                                           overrides=request.overrides, hints=hints,
                                           cancel=cancel)
         self.served.begin(hints)
@@ -210,8 +227,9 @@ class ChatExchange:
         meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
         try:
-            self.served.save(request.messages, chat, result.text, reply.pieces, result.stats,
-                             result.finish_reason, meta)
+            if request.raw is None:
+                self.served.save(request.messages, chat, result.text, reply.pieces,
+                                 result.stats, result.finish_reason, meta)
         except (HistoryError, sqlite3.Error, OSError) as error:
             log.warning("The reply was answered but not saved to the history: %s", error)
             return f"The reply was not saved to the history: {error}"

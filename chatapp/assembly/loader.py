@@ -43,16 +43,20 @@ def _quiet(message: str, fraction: float | None) -> None:
     """The default progress callback: report nothing."""
 
 
-def load_backend(model: str, role: str, config: Config, progress: LoadProgress = _quiet) -> Backend:
+def load_backend(model: str, role: str, config: Config, progress: LoadProgress = _quiet,
+                 n_ctx: int | None = None) -> Backend:
     """Resolve ``model`` (alias or path), assembling it if needed, and load it on the backend of
-    its ``role`` ("target": ``config.backend``; "draft": ``config.draft_backend_name``)."""
+    its ``role`` ("target": ``config.backend``; "draft": ``config.draft_backend_name``) with a
+    window of ``n_ctx`` tokens (None: ``config.n_ctx``, where "auto" lets the backend choose
+    from the model and the memory)."""
+    n_ctx = n_ctx or config.context_tokens
     def assembling(done: int, total: int) -> None:
         progress(f"Preparing {role} model {model}", done / total if total else None)
 
     backend = config.draft_backend_name if role == "draft" else config.backend
     path = resolve_model(model, assembling)
     if role == "target" and config.rpc:
-        return _load_remote_target(path, model, config, progress)
+        return _load_remote_target(path, model, config, progress, n_ctx)
     if backend == "llama":
         path = runnable_layout(model, role, path, config, progress)
     if not config.device.startswith("cuda"):
@@ -62,10 +66,10 @@ def load_backend(model: str, role: str, config: Config, progress: LoadProgress =
         from chatapp.backends.transformers_backend import TransformersBackend
 
         return TransformersBackend(path, device=config.device, dtype=config.dtype,
-                                   n_ctx=config.n_ctx, threads=config.threads)
+                                   n_ctx=n_ctx, threads=config.threads)
     from chatapp.backends.llama_cpp import LlamaCppBackend
 
-    return LlamaCppBackend(path, n_ctx=config.n_ctx, threads=config.threads,
+    return LlamaCppBackend(path, n_ctx=n_ctx, threads=config.threads,
                            gpu_layers=config.gpu_layers)
 
 
@@ -97,14 +101,14 @@ def runnable_layout(model: str, role: str, path: Path, config: Config,
     return prepare_layout(path, plan.layout, preparing)
 
 
-def _load_remote_target(path: Path, model: str, config: Config,
-                        progress: LoadProgress) -> Backend:
+def _load_remote_target(path: Path, model: str, config: Config, progress: LoadProgress,
+                        n_ctx: int | None) -> Backend:
     """The target on ``config.rpc``'s servers (probed first), with ``config.tensor_split``."""
     from chatapp.backends.endpoints import parse_endpoints
     from chatapp.backends.remote_target import RemoteTarget
 
     progress(f"Loading target model {model} on {', '.join(config.rpc)}", None)
-    return RemoteTarget(path, parse_endpoints(config.rpc), n_ctx=config.n_ctx,
+    return RemoteTarget(path, parse_endpoints(config.rpc), n_ctx=n_ctx,
                         threads=config.threads, tensor_split=config.tensor_split)
 
 
@@ -156,10 +160,10 @@ def make_policy(config: Config, costs: calibration.Calibration | None = None) ->
 def load_draft(config: Config, target: Backend, progress: LoadProgress = _quiet
                ) -> Backend | None:
     """The draft model of ``config.drafter`` (None for "ngram"), checked against the target's
-    vocabulary."""
+    vocabulary, with the target's window (its cache holds the same context)."""
     if config.drafter == "ngram":
         return None
-    draft = load_backend(config.draft, "draft", config, progress)
+    draft = load_backend(config.draft, "draft", config, progress, target.n_ctx)
     try:
         check_compatible(draft, target)
     except Exception:

@@ -92,6 +92,13 @@ class Backend(Protocol):
         ...
 
     @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        """The model's fill-in-the-middle tokens (prefix, suffix, middle: ``<|fim_prefix|>``,
+        ``<|fim_suffix|>``, ``<|fim_middle|>`` for Qwen2.5-Coder), None for a model without
+        them. They are among ``stop_ids``: a reply ends where the model writes one."""
+        ...
+
+    @property
     def cached_tokens(self) -> Sequence[int]:
         ...
 

@@ -4,6 +4,7 @@ The "model" is a fixed random table indexed by the last two tokens of the contex
 context always gives the same logits. A draft is made with the same ``seed`` and a ``noise`` > 0,
 which perturbs the table so that some drafts are rejected. Tokens 29 and 30 are the two halves of
 "é" to exercise UTF-8-safe streaming. ``delay_s`` sleeps in every ``evaluate`` to mimic real work.
+With ``fim``, three more tokens are its fill-in-the-middle tokens (never made by ``tokenize``).
 """
 
 from __future__ import annotations
@@ -29,16 +30,19 @@ _PIECES: list[bytes] = (
     + [w.encode() for w in ("the ", "spec", "ulative ", "draft ", "target ", "token ", "is ",
                             "and ", ". ", "You", "user", "assistant", ": ", "?", "!", "K")]
 )
+_FIM_PIECES = [b"<|fim_prefix|>", b"<|fim_suffix|>", b"<|fim_middle|>"]
 
 
 class FakeBackend(ModelFacts):
     def __init__(self, seed: int = 0, noise: float = 0.0, n_ctx: int = 4096, sharpness: float = 2.5,
                  delay_s: float = 0.0, name: str = "fake", vocab_size: int | None = None,
-                 has_chat_template: bool = True) -> None:
+                 has_chat_template: bool = True, fim: bool = False) -> None:
         self._name = name
+        self._pieces = _PIECES + (_FIM_PIECES if fim else [])
+        self._fim_ids = (len(_PIECES), len(_PIECES) + 1, len(_PIECES) + 2) if fim else None
         self._has_chat_template = has_chat_template
         self.uses_fallback_template = False
-        self._vocab_size = vocab_size or len(_PIECES)
+        self._vocab_size = vocab_size or len(self._pieces)
         self._n_ctx = n_ctx
         self.delay_s = delay_s
         table_rng = np.random.default_rng(seed)
@@ -53,7 +57,11 @@ class FakeBackend(ModelFacts):
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        return frozenset({STOP_ID})
+        return frozenset({STOP_ID, *(self._fim_ids or ())})
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        return self._fim_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:
@@ -72,7 +80,7 @@ class FakeBackend(ModelFacts):
         return ids
 
     def token_bytes(self, token: int) -> bytes:
-        return _PIECES[token] if token < len(_PIECES) else b"?"
+        return self._pieces[token] if token < len(self._pieces) else b"?"
 
     def vocab_fingerprint(self) -> str:
         pieces = [self.token_bytes(i) for i in range(self._vocab_size)]

@@ -7,6 +7,10 @@ import re
 from typing import Any
 
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>")
+# The fill-in-the-middle tokens (prefix, suffix, middle) by the names model families give them:
+# Qwen2.5-Coder's, then StarCoder's (llama.cpp's vocabulary finds the same names).
+_FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+               ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -77,4 +81,16 @@ def stop_ids(model: Any, tokenizer: Any, vocab_size: int) -> frozenset[int]:
         ids.update(value if isinstance(value, (list, tuple, set)) else [value])
     vocab = tokenizer.get_vocab()
     ids.update(vocab.get(text) for text in _END_OF_TURN_TOKENS)
+    ids.update(fim_ids(tokenizer, vocab_size) or ())
     return frozenset(i for i in ids if isinstance(i, int) and 0 <= i < vocab_size)
+
+
+def fim_ids(tokenizer: Any, vocab_size: int) -> tuple[int, int, int] | None:
+    """The tokenizer's fill-in-the-middle tokens (prefix, suffix, middle) by their names, all
+    below ``vocab_size``; None unless one family's three are there."""
+    vocab = tokenizer.get_vocab()
+    for names in _FIM_TOKENS:
+        ids = tuple(vocab.get(name) for name in names)
+        if all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+            return ids  # type: ignore[return-value]
+    return None

@@ -35,8 +35,10 @@ import numpy as np
 from chatapp.backends import llama_runtime, thread_memory
 from chatapp.backends.base import BackendError, ModelFacts
 from chatapp.backends.chat_template import TemplateMessage, Tools, render_chat, tool_literals
+from chatapp.backends.context_size import auto_context, kv_bytes_per_token
 from chatapp.backends.gguf_file import check_gguf_file
 from chatapp.backends.machine_load import CpuSample, others_busy_cores
+from chatapp.backends.memory_estimate import available_memory
 from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts
 from chatapp.backends.threads import AdaptiveThreads, available_cores, make_thread_choice
 
@@ -46,12 +48,15 @@ _SEQ = 0  # the one sequence id this backend uses
 class LlamaCppBackend(ModelFacts):
     """One GGUF model and its KV cache (one sequence). Not thread-safe: one caller at a time."""
 
-    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, threads: int | None = None,
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int | None = 4096,
+                 threads: int | None = None,
                  gpu_layers: int = 0, n_batch: int = 256, use_mmap: bool = False,
                  devices: Sequence[int] | None = None, tensor_split: Sequence[float] = (),
                  repack: bool = True) -> None:
         """Load the model; raise ``BackendError`` (saying what to do) if it cannot be loaded.
 
+        ``n_ctx`` None: the model's trained context as far as its KV cache fits in memory
+        (``chatapp.backends.context_size.auto_context``).
         ``n_batch`` is both llama.cpp's logical and physical batch size: the most tokens per
         ``llama_decode``. ``use_mmap`` trades resident memory for load time (see the module notes).
         ``threads`` fixes the CPU thread count; None adapts it to how busy the machine is
@@ -62,7 +67,7 @@ class LlamaCppBackend(ModelFacts):
         ``repack`` False keeps llama.cpp from repacking CPU weights (its "extra" buffer types), as
         an RPC server's buffers are: then local and RPC logits are bit-identical.
         """
-        if n_batch < 1 or n_ctx < 1:
+        if n_batch < 1 or (n_ctx is not None and n_ctx < 1):
             raise ValueError(f"n_batch and n_ctx must be positive, got {n_batch} and {n_ctx}")
         self._path = Path(path)
         check_gguf_file(self._path)
@@ -80,13 +85,15 @@ class LlamaCppBackend(ModelFacts):
             expected=thread_memory.recall(self._thread_memory) if not threads else None)
         self._threads_set = self.thread_choice.current
         try:
-            self._ctx = self._new_context(n_ctx, n_batch, self._threads_set)
+            self._ctx = self._new_context(n_ctx or self._auto_context(), n_batch,
+                                          self._threads_set)
             self._n_batch = n_batch
             self._batch = lib.llama_batch_init(n_batch, 0, 1)
             self._memory = lib.llama_get_memory(self._ctx)
             self._vocab = lib.llama_model_get_vocab(self._model)
             self._vocab_size = lib.llama_vocab_n_tokens(self._vocab)
             self._n_ctx = lib.llama_n_ctx(self._ctx)
+            self._fim_ids = self._find_fim_ids()
             self._stop_ids = self._find_stop_ids()
             self.quantization = self._quantization()
             self._name = f"{self._meta('general.name') or self._path.stem} ({self.quantization})"
@@ -151,11 +158,28 @@ class LlamaCppBackend(ModelFacts):
                 + llama_runtime.llama_said())
         return ctx
 
+    def _auto_context(self) -> int:
+        """The window for ``n_ctx`` None (``auto_context``), from the loaded model's shape."""
+        lib, model = self._lib, self._model
+        per_token = kv_bytes_per_token(lib.llama_model_n_layer(model),
+                                       lib.llama_model_n_head_kv(model),
+                                       lib.llama_model_n_embd(model), lib.llama_model_n_head(model))
+        return auto_context(lib.llama_model_n_ctx_train(model), per_token, available_memory())
+
     def _find_stop_ids(self) -> frozenset[int]:
         lib, vocab = self._lib, self._vocab
-        ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab)}
+        ids = {lib.llama_vocab_eos(vocab), lib.llama_vocab_eot(vocab), *(self._fim_ids or ())}
         ids.update(t for t in range(self._vocab_size) if lib.llama_vocab_is_eog(vocab, t))
         return frozenset(t for t in ids if 0 <= t < self._vocab_size)
+
+    def _find_fim_ids(self) -> tuple[int, int, int] | None:
+        """The FIM prefix, suffix and middle tokens as llama.cpp's vocabulary knows them (the
+        GGUF's ``tokenizer.ggml.fim_pre_token_id`` etc., else found by their text); None unless
+        all three are there."""
+        lib, vocab = self._lib, self._vocab
+        ids = (lib.llama_vocab_fim_pre(vocab), lib.llama_vocab_fim_suf(vocab),
+               lib.llama_vocab_fim_mid(vocab))
+        return ids if all(0 <= t < self._vocab_size for t in ids) else None
 
     def _quantization(self) -> str:
         """The file's quantisation as llama.cpp names it ("Q8_0", "Q4_K - Medium")."""
@@ -180,8 +204,13 @@ class LlamaCppBackend(ModelFacts):
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        """EOS, EOT and every token llama.cpp marks end-of-generation (e.g. <|endoftext|>)."""
+        """EOS, EOT, every token llama.cpp marks end-of-generation (e.g. <|endoftext|>) and the
+        FIM prefix, suffix and middle tokens."""
         return self._stop_ids
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        return self._fim_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:

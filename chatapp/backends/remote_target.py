@@ -56,7 +56,7 @@ class RemoteTarget:
     uses_fallback_template: bool
 
     def __init__(self, path: str | os.PathLike[str], endpoints: Sequence[Endpoint],
-                 n_ctx: int = 4096, threads: int | None = None,
+                 n_ctx: int | None = 4096, threads: int | None = None,
                  tensor_split: Sequence[float] = ()) -> None:
         """Probe every endpoint, start the worker and load the model there; ``BackendError``
         (saying what to do) if a server is missing, busy or of another version, or the load
@@ -80,6 +80,8 @@ class RemoteTarget:
         self.n_ctx: int = info["n_ctx"]
         self.threads: int = info["threads"]  # fixed: the layers run on the servers
         self.stop_ids = frozenset(info["stop_ids"])
+        fim = info["fim_ids"]
+        self.fim_ids: tuple[int, int, int] | None = (fim[0], fim[1], fim[2]) if fim else None
         self._fingerprint: str = info["fingerprint"]
         self._pieces: list[bytes] = info["pieces"]
         self.devices: tuple[str, ...] = tuple(info["devices"])
@@ -234,7 +236,7 @@ class _Worker:
     def __init__(self) -> None:
         self.backend: Any = None
 
-    def load(self, path: str, endpoints: list[str], n_ctx: int, threads: int | None,
+    def load(self, path: str, endpoints: list[str], n_ctx: int | None, threads: int | None,
              tensor_split: list[float]) -> dict[str, Any]:
         """Register the servers and load the target on exactly their devices."""
         from chatapp.backends.llama_cpp import LlamaCppBackend
@@ -251,6 +253,7 @@ class _Worker:
         self.backend = backend
         return {"name": backend.name, "vocab_size": backend.vocab_size, "n_ctx": backend.n_ctx,
                 "threads": backend.threads, "stop_ids": sorted(backend.stop_ids),
+                "fim_ids": backend.fim_ids,
                 "fingerprint": backend.vocab_fingerprint(),
                 "pieces": [backend.token_bytes(t) for t in range(backend.vocab_size)],
                 "devices": [f"{d.name} {d.description}" for d in devices]}

@@ -56,8 +56,9 @@ from chatapp.backends.chat_template import (  # noqa: E402
     template_message,
     tool_literals,
 )  # noqa: E402
+from chatapp.backends.context_size import MIN_AUTO_CONTEXT  # noqa: E402
 from chatapp.backends.gguf_file import is_gguf  # noqa: E402
-from chatapp.backends.hf_vocab import stop_ids, token_pieces  # noqa: E402
+from chatapp.backends.hf_vocab import fim_ids, stop_ids, token_pieces  # noqa: E402
 from chatapp.backends.prompt_parts import ControlTokens, assemble, template_parts  # noqa: E402
 from chatapp.backends.threads import make_thread_choice  # noqa: E402
 
@@ -76,10 +77,12 @@ class TransformersBackend(ModelFacts):
     """One HF causal LM, its tokenizer and its KV cache. Not thread-safe."""
 
     def __init__(self, source: str | os.PathLike[str], *, device: str = "auto",
-                 dtype: str = "auto", n_ctx: int = 4096, threads: int | None = None,
+                 dtype: str = "auto", n_ctx: int | None = 4096, threads: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
-        """``threads`` fixes torch's CPU thread count (process-wide, set before each forward);
-        None adapts it on the CPU to how busy the machine is (``AdaptiveThreads``)."""
+        """``n_ctx`` None: the model's own maximum (``max_position_embeddings``; its cache grows
+        with the conversation). ``threads`` fixes torch's CPU thread count (process-wide, set
+        before each forward); None adapts it on the CPU to how busy the machine is
+        (``AdaptiveThreads``)."""
         path = Path(source).expanduser()
         target_device = resolve_device(device)
         target_dtype = resolve_dtype(dtype, target_device)
@@ -89,7 +92,7 @@ class TransformersBackend(ModelFacts):
                      n_ctx=n_ctx, threads=threads)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, *, n_ctx: int = 4096,
+    def from_model(cls, model: Any, tokenizer: Any, *, n_ctx: int | None = 4096,
                    name: str = "model") -> TransformersBackend:
         """Wrap an already constructed (model, tokenizer) pair; the model stays on its device."""
         backend = cls.__new__(cls)
@@ -97,7 +100,7 @@ class TransformersBackend(ModelFacts):
         backend._attach(model, tokenizer, name=name, n_ctx=n_ctx)
         return backend
 
-    def _attach(self, model: Any, tokenizer: Any, *, name: str, n_ctx: int,
+    def _attach(self, model: Any, tokenizer: Any, *, name: str, n_ctx: int | None,
                 threads: int | None = None) -> None:
         self._model = model.eval()
         self._tokenizer = tokenizer
@@ -107,9 +110,12 @@ class TransformersBackend(ModelFacts):
                                                 adaptive=self._device.type == "cpu")
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        if n_ctx is None:
+            n_ctx = max_positions or MIN_AUTO_CONTEXT
         self._n_ctx = min(n_ctx, max_positions) if max_positions else n_ctx
         self._pieces = token_pieces(tokenizer, self._vocab_size)
         self._stop_ids = stop_ids(model, tokenizer, self._vocab_size)
+        self._fim_ids = fim_ids(tokenizer, self._vocab_size)
         parameters = inspect.signature(model.forward).parameters
         # transformers 5.x renamed past_key_values to cache; older versions only know the former.
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
@@ -126,6 +132,10 @@ class TransformersBackend(ModelFacts):
         """EOS ids of the generation config, the config and the tokenizer, plus end-of-turn
         tokens (<|im_end|>, <|endoftext|>, <|eot_id|>) present in the vocabulary."""
         return self._stop_ids
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        return self._fim_ids
 
     @property
     def cached_tokens(self) -> Sequence[int]:

@@ -38,6 +38,7 @@ from typing import TextIO
 
 import numpy as np
 
+from chatapp.backends.context_size import MIN_AUTO_CONTEXT
 from chatapp.bench.specs import BenchPrompt
 from chatapp.errors import UserFacingError
 from chatapp.settings.config import Config
@@ -271,7 +272,7 @@ def fidelity_command(config: Config, candidate: str, reference: str,
     out = out or sys.stdout
     sides = [resolve_side(label, config.target) for label in (reference, candidate)]
     report = measure_fidelity(sides[0], sides[1], [p.text for p in prompts], reply_tokens,
-                              config.n_ctx)
+                              config.context_tokens or MIN_AUTO_CONTEXT)
     print_fidelity(out, sides[0], sides[1], report)
     if json_path is not None:
         data = {"reference": reference, "candidate": candidate, "reply_tokens": reply_tokens,

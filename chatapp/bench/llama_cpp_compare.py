@@ -39,6 +39,7 @@ from typing import TextIO
 
 from chatapp.assembly.loader import load_backend
 from chatapp.backends.catalog import resolve_model
+from chatapp.backends.context_size import MIN_AUTO_CONTEXT
 from chatapp.backends.threads import available_cores
 from chatapp.bench.report import Row
 from chatapp.bench.runner import Bench, BenchBackends, progress_printer
@@ -194,7 +195,7 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
     for tool in (BENCH_TOOL, SPEC_TOOL):
         tool_path(directory, tool)  # before any model is loaded
     llama = LlamaCpp(directory, resolve_model(config.target), resolve_model(config.draft),
-                     config.threads, config.n_ctx)
+                     config.threads, config.context_tokens or MIN_AUTO_CONTEXT)
 
     backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     rows: list[Row] = []

@@ -149,7 +149,8 @@ class Bench:
     def _draft_backend(self) -> Backend:
         if self.backends.draft is None:
             self.backends.draft = load_backend(self.config.draft, "draft", self.config,
-                                               progress_printer(self.log))
+                                               progress_printer(self.log),
+                                               self.backends.target.n_ctx)
         if not isinstance(self.backends.draft, ModelClock):
             self.backends.draft = ModelClock(self.backends.draft)
         return self.backends.draft
@@ -161,7 +162,8 @@ class Bench:
         if self.backends.assistant is None:
             config = dataclasses.replace(self.config, draft_backend="hf")
             self.backends.assistant = load_backend(config.draft, "draft", config,
-                                                   progress_printer(self.log))
+                                                   progress_printer(self.log),
+                                                   self.backends.target.n_ctx)
         return self.backends.assistant
 
     def _session(self, spec: RunSpec) -> tuple[ChatSession, DraftPolicy]:

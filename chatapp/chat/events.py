@@ -11,6 +11,7 @@ from chatapp.engine.events import (
     Event,
     FinishReason,
     PromptEvent,
+    PromptProgressEvent,
     StepEvent,
     TokenEvent,
     TokenSource,
@@ -23,6 +24,6 @@ from chatapp.engine.stats import (
     is_target_only,
 )
 
-__all__ = ["DoneEvent", "Event", "FinishReason", "PlanEvent", "PromptEvent", "ReplayStats",
-           "StepEvent", "TokenEvent", "TokenSource", "TurnStats", "decode_tokens_per_s",
-           "format_summary", "is_target_only"]
+__all__ = ["DoneEvent", "Event", "FinishReason", "PlanEvent", "PromptEvent",
+           "PromptProgressEvent", "ReplayStats", "StepEvent", "TokenEvent", "TokenSource",
+           "TurnStats", "decode_tokens_per_s", "format_summary", "is_target_only"]

@@ -13,6 +13,10 @@ What differs between a chat and an API request is a ``PromptRules`` value handed
 - ``REFUSE_TOO_LONG`` (the API): the request's messages as sent, the configured system prompt
   first only when they have none; never trimmed: ``PromptTooLongError`` (the server's
   ``context_length_exceeded``) when no reply fits.
+- ``RawText(prompt, suffix)`` (the API's completions): no messages and no chat template, the
+  prompt as plain text; with a suffix, the model's fill-in-the-middle prompt (prefix, suffix,
+  middle tokens around the two texts: the reply is what goes between), ``FimUnsupportedError``
+  for a model without those tokens; refused as the API's messages are when too long.
 
 The room kept for the reply is one rule for both (``reply_room``).
 """
@@ -36,6 +40,29 @@ MIN_REPLY_ROOM = 64
 Render = Callable[[Sequence[ChatMessage], int | None], list[int]]
 
 
+class PromptRender(Protocol):
+    """What a reply's prompt is rendered with: the target's chat template (a ``Render``), and
+    for the rules that use no template, its plain text and its fill-in-the-middle tokens."""
+
+    def __call__(self, messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
+        ...
+
+    def text(self, text: str, limit: int | None = None) -> list[int]:
+        """``text``'s tokens as plain text (no control token); ``PromptOverLimit`` as soon as
+        they pass ``limit``."""
+        ...
+
+    @property
+    def fim(self) -> tuple[int, int, int] | None:
+        """The target's fill-in-the-middle tokens (prefix, suffix, middle), None: it has none."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """The target's name, for refusals."""
+        ...
+
+
 def reply_room(max_tokens: int, n_ctx: int) -> int:
     """The tokens of an ``n_ctx`` window kept free for a reply of at most ``max_tokens`` when its
     prompt is planned: ``max_tokens``, but no more than a quarter of the window, and no less
@@ -57,24 +84,37 @@ class PromptPlan:
 
 
 class PromptTooLongError(UserFacingError):
-    """The request's messages leave no room for a reply in the context window."""
+    """The request's messages (or raw prompt) leave no room for a reply in the context window."""
 
-    def __init__(self, prompt_tokens: int, n_ctx: int, room: int, at_least: bool = False
-                 ) -> None:
-        """``at_least``: the work stopped once ``prompt_tokens`` passed the limit."""
+    def __init__(self, prompt_tokens: int, n_ctx: int, room: int, at_least: bool = False,
+                 what: str = "messages are") -> None:
+        """``at_least``: the work stopped once ``prompt_tokens`` passed the limit; ``what``:
+        what was sent ("messages are": with the chat template)."""
+        template = " with the chat template" if what == "messages are" else ""
         super().__init__(
-            f"The messages are {'more than ' if at_least else ''}{prompt_tokens} tokens with "
-            "the chat template, and the context "
-            f"window holds {n_ctx} with at least {room} kept for the reply. Send fewer or "
-            "shorter messages, or start the server with a larger --n-ctx.")
+            f"The {what} {'more than ' if at_least else ''}{prompt_tokens} tokens{template}, "
+            f"and the context window holds {n_ctx} with at least {room} kept for the reply. "
+            "Send less, or start the server with a larger --n-ctx.")
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+
+
+class FimUnsupportedError(UserFacingError):
+    """A fill-in-the-middle request to a model without fill-in-the-middle tokens."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"{model} has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
+            "<|fim_middle|> in its vocabulary), so it cannot complete between a prompt and a "
+            "suffix. Send the prompt without a suffix, or serve a model trained for it "
+            "(qwen2.5-coder).")
+        self.model = model
 
 
 class PromptRules(Protocol):
     """How a reply's messages become its prompt (see the module docstring)."""
 
-    def plan(self, render: Render, system_prompt: str, messages: Sequence[ChatMessage],
+    def plan(self, render: PromptRender, system_prompt: str, messages: Sequence[ChatMessage],
              n_ctx: int, room: int) -> PromptPlan:
         """The prompt of ``messages`` with ``system_prompt`` (may be ""), through ``render``, so
         that it and ``room`` tokens fit ``n_ctx``; raises when they cannot."""
@@ -156,6 +196,36 @@ class RefuseTooLong:
             return PromptPlan(render(sent, limit))
         except PromptOverLimit as over:
             raise PromptTooLongError(over.tokens, n_ctx, room, at_least=True) from None
+
+
+@dataclass(frozen=True)
+class RawText:
+    """The completions API's rules: see the module docstring. An empty ``suffix`` is no
+    suffix: the prompt alone, continued."""
+
+    prompt: str
+    suffix: str = ""
+
+    def plan(self, render: PromptRender, system_prompt: str, messages: Sequence[ChatMessage],
+             n_ctx: int, room: int) -> PromptPlan:
+        """The prompt's tokens (system prompt and messages unused); ``PromptTooLongError``,
+        ``FimUnsupportedError`` as the module docstring says."""
+        limit, before = n_ctx - room, 0
+        try:
+            if not self.suffix:
+                return PromptPlan(render.text(self.prompt, limit))
+            fim = render.fim
+            if fim is None:
+                raise FimUnsupportedError(render.name)
+            prefix_id, suffix_id, middle_id = fim
+            before = len(fim)
+            prefix = render.text(self.prompt, limit - before)
+            before += len(prefix)
+            suffix = render.text(self.suffix, limit - before)
+        except PromptOverLimit as over:
+            raise PromptTooLongError(before + over.tokens, n_ctx, room, True,
+                                     "prompt is") from None
+        return PromptPlan([prefix_id, *prefix, suffix_id, *suffix, middle_id])
 
 
 TRIM_OLDEST = TrimOldest()

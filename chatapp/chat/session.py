@@ -28,7 +28,6 @@ from chatapp.chat.prompt import (
     TRIM_OLDEST,
     PromptPlan,
     PromptRules,
-    Render,
     fallback_template_note,
     reply_room,
 )
@@ -205,13 +204,11 @@ class ChatSession:
                 return None if cancel.is_set() else event.stats
         return None
 
-    def _renderer(self, cancel: threading.Event | None, tools: Tools = NO_TOOLS) -> Render:
-        """The target's chat template (shown ``tools``), its tokenization stopped once
-        ``cancel`` is set."""
-        def render(messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
-            return self._engine.target.chat_prompt(messages, limit, cancel, tools.shown)
-
-        return render
+    def _renderer(self, cancel: threading.Event | None, tools: Tools = NO_TOOLS
+                  ) -> "_TargetRender":
+        """The target's prompt rendering (its chat template showing ``tools``), its
+        tokenization stopped once ``cancel`` is set."""
+        return _TargetRender(self._engine, cancel, tools)
 
     def _constraint(self, grammar: ReplyGrammar | None) -> GrammarConstraint | None:
         """A reply's constraint for ``grammar`` over the target's vocabulary (None: none)."""
@@ -235,3 +232,29 @@ class ChatSession:
             return ""
         self._told_fallback = True
         return fallback_template_note(self.target_name)
+
+
+class _TargetRender:
+    """The engine's target as a ``chatapp.chat.prompt.PromptRender`` for one reply: its chat
+    template shows ``tools``; every tokenization stops once ``cancel`` is set
+    (``PromptCancelled``)."""
+
+    def __init__(self, engine: SpeculativeEngine, cancel: threading.Event | None,
+                 tools: Tools = NO_TOOLS) -> None:
+        self._target = engine.target
+        self._cancel = cancel
+        self._tools = tools
+
+    def __call__(self, messages: Sequence[ChatMessage], limit: int | None = None) -> list[int]:
+        return self._target.chat_prompt(messages, limit, self._cancel, self._tools.shown)
+
+    def text(self, text: str, limit: int | None = None) -> list[int]:
+        return plain_tokens(text, self._target.tokenize, limit, self._cancel)
+
+    @property
+    def fim(self) -> tuple[int, int, int] | None:
+        return self._target.fim_ids
+
+    @property
+    def name(self) -> str:
+        return self._target.name

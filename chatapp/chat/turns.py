@@ -17,7 +17,15 @@ from chatapp.chat.engine_time import ENGINE_BASIS, SHOWN_BASIS, EngineClock
 from chatapp.chat.history import StoredMessage
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_values import DraftLengthUse, Ending, k_text
-from chatapp.engine.events import DoneEvent, Event, PromptEvent, StepEvent, TokenEvent, TokenSource
+from chatapp.engine.events import (
+    DoneEvent,
+    Event,
+    PromptEvent,
+    PromptProgressEvent,
+    StepEvent,
+    TokenEvent,
+    TokenSource,
+)
 from chatapp.engine.loop import GenerationSettings
 from chatapp.engine.stats import ReplayStats, TurnStats
 from chatapp.settings.config import Config
@@ -111,6 +119,7 @@ class Turn:
     clock: EngineClock = field(default_factory=EngineClock)  # the stream's holding (``stream``)
     finish_reason: Ending | None = None
     not_sent: bool = False  # the message did not fit the context: nothing was generated
+    reading: tuple[int, int] | None = None  # a long prompt being read: (done, of) its tokens
     saved: bool = False
 
     @property
@@ -123,7 +132,8 @@ class Turn:
 
     def apply(self, event: ChatEvent) -> None:
         """Take in one event of the turn's stream, in order: the plan and the prompt give the
-        prompt's figures, a token its text, a step the statistics the engine measured up to it,
+        prompt's figures (a long prompt's progress ``reading`` until it is read), a token its
+        text, a step the statistics the engine measured up to it,
         the end the final statistics and the finish reason."""
         if isinstance(event, TokenEvent):
             self.pieces.append((event.text, event.source))
@@ -132,7 +142,10 @@ class Turn:
             self._stats = event.stats
         elif isinstance(event, PlanEvent):
             self._stats = replace(self._stats, prompt_tokens=event.prompt_tokens)
+        elif isinstance(event, PromptProgressEvent):
+            self.reading = (event.done, event.total)
         elif isinstance(event, PromptEvent):
+            self.reading = None
             self._stats = replace(self._stats, prompt_tokens=event.tokens,
                                   prompt_s=event.seconds)
         elif isinstance(event, DoneEvent):

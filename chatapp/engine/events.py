@@ -1,6 +1,8 @@
 """The event stream the engine yields; the TUI, the CLI and the bench consume only these.
 
-A ``PromptEvent`` once the prompt is evaluated, one ``TokenEvent`` per emitted token, one
+A ``PromptProgressEvent`` after each chunk of a long prompt (one longer than a chunk to evaluate:
+``chatapp.engine.loop.PROMPT_CHUNK``), a ``PromptEvent`` once the prompt is evaluated, one
+``TokenEvent`` per emitted token, one
 ``StepEvent`` per target forward (a speculation step, or a plain decoding step when nothing was
 drafted) with the turn's running statistics and its draft length as numbers, and a final
 ``DoneEvent`` with the turn's statistics. The engine measures; consumers only read.
@@ -28,6 +30,18 @@ class FinishReason(str, Enum):
     STOP = "stop"
     LENGTH = "length"
     CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class PromptProgressEvent:
+    """``done`` of the ``total`` prompt tokens that were not cached are evaluated (a long
+    prompt is read in chunks; the reply may be cancelled between two)."""
+
+    done: int
+    total: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "prompt_progress", **asdict(self)}
 
 
 @dataclass(frozen=True)
@@ -90,4 +104,4 @@ class DoneEvent:
                 "stats": self.stats.to_json()}
 
 
-Event = PromptEvent | TokenEvent | StepEvent | DoneEvent
+Event = PromptProgressEvent | PromptEvent | TokenEvent | StepEvent | DoneEvent

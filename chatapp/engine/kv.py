@@ -3,7 +3,7 @@ roll back what diverges (rejected drafts, an edited conversation)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -47,3 +47,17 @@ def evaluate_sequence(backend: Backend, sequence: Sequence[int], n_logits: int) 
     if not fresh:
         return np.zeros((0, backend.vocab_size), dtype=np.float32)
     return backend.evaluate(fresh, n_logits)
+
+
+def evaluate_in_chunks(backend: Backend, sequence: Sequence[int], chunk: int
+                       ) -> Iterator[tuple[int, int]]:
+    """Make ``backend``'s cache hold ``sequence``, reusing its longest cached prefix and
+    evaluating the rest ``chunk`` tokens at a time (no logits); after each chunk, yield how many
+    of the tokens to evaluate are done and how many there are. A caller that stops iterating
+    leaves the cache holding a prefix of ``sequence``."""
+    rollback_to_prefix(backend, sequence)
+    start = len(backend.cached_tokens)
+    total = len(sequence) - start
+    for done in range(0, total, chunk):
+        backend.evaluate(sequence[start + done:start + done + chunk], 0)
+        yield min(done + chunk, total), total

@@ -1,6 +1,9 @@
 """The speculative decoding engine: prompt token ids in, an event stream out.
 
-``SpeculativeEngine.generate`` yields a ``PromptEvent`` once the prompt is evaluated, one
+``SpeculativeEngine.generate`` reads the prompt (what is not cached) in chunks of ``PROMPT_CHUNK``
+tokens, yielding a ``PromptProgressEvent`` after each when there is more than one, and may be
+cancelled between two (the cache keeps what was read); it yields a ``PromptEvent`` once the
+prompt is evaluated, one
 ``TokenEvent`` per emitted token, a ``StepEvent`` after every target forward, and a final
 ``DoneEvent``. Each step: ask the draft policy for a budget, let the drafter propose within it,
 evaluate the proposal with the target in one forward (logits for the K+1 positions only), accept or
@@ -43,15 +46,18 @@ from chatapp.engine.events import (
     Event,
     FinishReason,
     PromptEvent,
+    PromptProgressEvent,
     StepEvent,
     TokenEvent,
     TokenSource,
 )
-from chatapp.engine.kv import evaluate_sequence, rollback_to_prefix
+from chatapp.engine.kv import evaluate_in_chunks, evaluate_sequence, rollback_to_prefix
 from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities
 from chatapp.engine.stats import StatsRecorder
 from chatapp.engine.verify import verify, verify_greedy
 from chatapp.errors import UserFacingError
+
+PROMPT_CHUNK = 512  # prompt tokens evaluated per call: a long prompt's progress and cancel points
 
 
 class IncompatibleModelsError(UserFacingError):
@@ -188,10 +194,17 @@ class _Turn:
         self.last_k = 0  # the K of the latest step that asked the policy
         self.start = time.perf_counter()
         self.now = self.start  # the latest reading of the clock
+        self.prompt_started = self.start  # when the prompt's reading began
 
     def run(self) -> Iterator[Event]:
         """The turn's events. Whatever stops a step (an exception, the consumer closing the
         stream), both caches are left holding verified positions only."""
+        yield from self._read_prompt()
+        if self.cancel.is_set():  # stopped while reading the prompt
+            self.stats.prompt_s = self._clock() - self.prompt_started
+            yield DoneEvent(FinishReason.CANCELLED,
+                            self.stats.snapshot(self.now - self.start, self.target.threads))
+            return
         yield self._prefill()
         step = 0
         reason = self._finish_reason_before_step()
@@ -240,14 +253,24 @@ class _Turn:
         self.now = time.perf_counter()
         return self.now
 
+    def _read_prompt(self) -> Iterator[PromptProgressEvent]:
+        """Bring the target's cache up to the prompt minus its last token (fed with the first
+        step), ``PROMPT_CHUNK`` tokens at a time: progress after each chunk of a prompt longer
+        than one, and a stop between two once ``cancel`` is set. The prompt's time runs from
+        here to the end of ``_prefill`` (or of the reply, when it stops here)."""
+        self.prompt_started = self._clock()
+        for done, total in evaluate_in_chunks(self.target, self.tokens[:-1], PROMPT_CHUNK):
+            if total > PROMPT_CHUNK:
+                yield PromptProgressEvent(done, total)
+            if self.cancel.is_set():
+                return
+
     def _prefill(self) -> PromptEvent:
-        """Bring both caches up to the prompt minus its last token (fed with the first step)."""
+        """Start the policy's turn and the drafter's reply (the target has read the prompt)."""
         self.policy.start_turn()
-        started = self._clock()
-        evaluate_sequence(self.target, self.tokens[:-1], 0)
         if self.drafter is not None:
             self.drafter.prefill(self.tokens[:-1], self.hints)
-        self.stats.prompt_s = self._clock() - started
+        self.stats.prompt_s = self._clock() - self.prompt_started
         return PromptEvent(len(self.tokens), self.stats.prompt_s)
 
     def _finish_reason_before_step(self) -> FinishReason | None:

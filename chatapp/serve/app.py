@@ -7,6 +7,8 @@
   the answer carries the name asked for); with tools, the reply's calls as OpenAI's
   ``tool_calls`` (``chatapp.api.tool_calls``); the fields it ignored named in the
   ``x-specchat-ignored`` header;
+- ``POST /v1/completions``: a raw text completion, with a ``suffix`` a fill-in-the-middle one,
+  on the same pipeline (``chatapp.chat.prompt.RawText``), answered in OpenAI's text shape;
 - ``GET /health``: 200 ``{"status": "ok", "model": ...}`` once the models are loaded, 503
   ``{"status": "loading"}`` before (the server listens while they load; chat requests get 503
   ``loading`` then);
@@ -23,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -34,6 +36,7 @@ from chatapp.api.exchange import (
     ExchangeEvent,
     ExchangeResult,
     ExchangeStarted,
+    FimUnsupportedError,
     GrammarError,
     PredictionTooLongError,
     PromptCancelled,
@@ -42,19 +45,14 @@ from chatapp.api.exchange import (
 )
 from chatapp.api.tool_calls import StreamItem, ToolCallStream, parse_reply
 from chatapp.errors import RequestRefused, UserFacingError
+from chatapp.serve.completion_schema import CompletionRequest
 from chatapp.serve.connections import Connections
 from chatapp.serve.errors import ApiError, from_validation, not_found, server_error
 from chatapp.serve.guard import Guard
 from chatapp.serve.metrics import CONTENT_TYPE, ServeMetrics
-from chatapp.serve.responses import (
-    DONE,
-    ChunkMaker,
-    completion,
-    completion_id,
-    model_object,
-    sse,
-)
+from chatapp.serve.responses import DONE, model_object, sse
 from chatapp.serve.schemas import ChatCompletionRequest
+from chatapp.serve.text_responses import CHAT_SHAPE, TEXT_SHAPE, Chunks, ReplyShape
 from chatapp.serve.worker import Closing, EngineWorker, JobStream, QueueFull
 
 MAX_BODY = 16 * 1024 * 1024  # a request with a long conversation and a prediction
@@ -63,6 +61,7 @@ LARGE_BODY = 1024 * 1024  # larger bodies are read a few at a time
 INTERNAL_ERROR = "specchat serve failed on this request (a bug): its log says more."
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
 
 
 class ApiServer:
@@ -90,6 +89,7 @@ class ApiServer:
             web.get("/v1/models", self._list_models),
             web.get("/v1/models/{model:.+}", self._get_model),
             web.post("/v1/chat/completions", self._chat),
+            web.post("/v1/completions", self._completions),
             web.get("/health", self._health),
             web.get("/metrics", self._metrics),
         ])
@@ -145,7 +145,17 @@ class ApiServer:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_body(request)
+        body = await self._read_body(request, ChatCompletionRequest)
+        return await self._answer(request, body, CHAT_SHAPE)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read_body(request, CompletionRequest)
+        return await self._answer(request, body, TEXT_SHAPE)
+
+    async def _answer(self, request: web.Request, body: Body,
+                      shape: ReplyShape) -> web.StreamResponse:
+        """The reply to a validated ``body``, whole or streamed, in ``shape``, under the model
+        name the request gave; the fields it ignored named in a header."""
         exchange = self.exchange
         if exchange is None:
             raise server_error("specchat serve is loading its models: retry in a moment.",
@@ -157,8 +167,8 @@ class ApiServer:
                     lambda cancel: exchange.run(exchange_request, cancel)) as job:
                 pending = await _started(job)
                 if body.stream:
-                    return await self._stream(request, body, job, pending, ignored)
-                response = await self._whole(body, job, pending)
+                    return await self._stream(request, body, job, pending, shape, ignored)
+                response = await self._whole(body, job, pending, shape)
                 response.headers.update(ignored)
                 return response
         except QueueFull as full:
@@ -167,7 +177,9 @@ class ApiServer:
             raise server_error("specchat serve is stopping.", "server_stopping", 503) from None
         except PromptTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
-                           param="messages") from None
+                           param=shape.prompt_param) from None
+        except FimUnsupportedError as error:
+            raise ApiError(400, str(error), code="unsupported_value", param="suffix") from None
         except PredictionTooLongError as error:
             raise ApiError(400, str(error), code="context_length_exceeded",
                            param="prediction") from None
@@ -176,7 +188,7 @@ class ApiServer:
         except RequestRefused as error:
             raise ApiError(400, str(error), code="unsupported_value", param="tools") from None
 
-    async def _read_body(self, request: web.Request) -> ChatCompletionRequest:
+    async def _read_body(self, request: web.Request, schema: type[Body]) -> Body:
         """The request's body, validated. A large one (over ``LARGE_BODY``, or of unknown
         length) is read only while fewer large ones are being read than the worker could take
         (one running, the queue): else 429 at once, so that memory stays bounded. A body that
@@ -188,7 +200,7 @@ class ApiServer:
         self._reading += large
         try:
             data = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-            return ChatCompletionRequest.model_validate_json(data)
+            return schema.model_validate_json(data)
         except TimeoutError:
             raise ApiError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} s.",
                            code="request_timeout") from None
@@ -197,9 +209,10 @@ class ApiServer:
         finally:
             self._reading -= large
 
-    async def _whole(self, body: ChatCompletionRequest, job: JobStream[ExchangeEvent],
-                     pending: list[ExchangeEvent]) -> web.Response:
-        """A reply without ``stream``: all of it at once."""
+    async def _whole(self, body: Body, job: JobStream[ExchangeEvent],
+                     pending: list[ExchangeEvent], shape: ReplyShape) -> web.Response:
+        """A reply without ``stream``: all of it at once (read for tool calls when the request
+        has tools)."""
         result = await _result(job, pending)
         if result.finish_reason == "cancelled":
             raise server_error("specchat serve is stopping: the reply was cut short.",
@@ -207,12 +220,11 @@ class ApiServer:
         self.metrics.reply(result)
         tools = body.tool_set
         reply = parse_reply(result.text, tools) if ToolCallStream(tools).active else None
-        return web.json_response(completion(completion_id(), int(time.time()), body.model,
-                                            result, reply))
+        return web.json_response(shape.whole(int(time.time()), body.model, result, reply))
 
-    async def _stream(self, request: web.Request, body: ChatCompletionRequest,
+    async def _stream(self, request: web.Request, body: Body,
                       job: JobStream[ExchangeEvent], pending: list[ExchangeEvent],
-                      ignored: dict[str, str]) -> web.StreamResponse:
+                      shape: ReplyShape, ignored: dict[str, str]) -> web.StreamResponse:
         """A streamed reply: a role chunk, text chunks as tokens come (with their sources), the
         end chunk, the usage chunk if asked, ``[DONE]``. A failure once the stream has started
         is its last event (an OpenAI error object), without ``[DONE]``."""
@@ -220,7 +232,7 @@ class ApiServer:
                                                "Cache-Control": "no-cache", **ignored})
         response.headers.update(self.guard.cors_headers(request.headers.get("Origin")))
         await response.prepare(request)
-        chunks = ChunkMaker(body.model, body.include_usage)
+        chunks = shape.chunks(body.model, body.include_usage)
         calls = ToolCallStream(body.tool_set)
         try:
             await response.write(chunks.role())
@@ -247,11 +259,11 @@ class ApiServer:
         return response
 
 
-_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/health", "/metrics")
+_ENDPOINTS = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics")
 IGNORED_HEADER = "x-specchat-ignored"
 
 
-def _ignored_header(body: ChatCompletionRequest) -> dict[str, str]:
+def _ignored_header(body: Body) -> dict[str, str]:
     """The header that names the fields the request sent and the server ignored (none: {});
     logged at debug level."""
     ignored = body.ignored
@@ -282,7 +294,7 @@ async def _result(job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
         events = await job.next()
 
 
-async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker, calls: ToolCallStream,
+async def _stream_text(response: web.StreamResponse, chunks: Chunks, calls: ToolCallStream,
                        job: JobStream[ExchangeEvent], events: list[ExchangeEvent]
                        ) -> ExchangeResult:
     """Write the reply's text as its events come, from ``events`` on (read for ``calls`` when
@@ -297,7 +309,7 @@ async def _stream_text(response: web.StreamResponse, chunks: ChunkMaker, calls: 
             raise server_error("The reply ended without its result.")
 
 
-async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
+async def _write_events(response: web.StreamResponse, chunks: Chunks,
                         calls: ToolCallStream, events: list[ExchangeEvent]
                         ) -> ExchangeResult | None:
     """Write the text of ``events`` as one chunk; the result if they hold the end."""
@@ -315,7 +327,7 @@ async def _write_events(response: web.StreamResponse, chunks: ChunkMaker,
     return result
 
 
-async def _write_items(response: web.StreamResponse, chunks: ChunkMaker,
+async def _write_items(response: web.StreamResponse, chunks: Chunks,
                        items: list[StreamItem]) -> None:
     if items:
         await response.write(chunks.items(items))

@@ -93,16 +93,24 @@ def completion(ident: str, created: int, model: str, result: ExchangeResult,
 
 
 class ChunkMaker:
-    """The chunks of one streamed reply (all with the same id, creation time and model)."""
+    """The chunks of one streamed reply (all with the same id, creation time and model). A
+    subclass answers in another shape (``chatapp.serve.text_responses``): its ``kind``, id,
+    first chunk and choices."""
+
+    kind = "chat.completion.chunk"
 
     def __init__(self, model: str, include_usage: bool) -> None:
-        self.ident = completion_id()
+        self.ident = self.new_id()
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
 
+    @staticmethod
+    def new_id() -> str:
+        return completion_id()
+
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        data: dict[str, Any] = {"id": self.ident, "object": "chat.completion.chunk",
+        data: dict[str, Any] = {"id": self.ident, "object": self.kind,
                                 "created": self.created, "model": self.model,
                                 "system_fingerprint": None, "choices": choices}
         if self.include_usage:
@@ -117,7 +125,7 @@ class ChunkMaker:
     def content(self, pieces: Sequence[tuple[str, TokenSource]]) -> bytes:
         """Text, with where each token came from (accepted, resampled, bonus, target)."""
         text = "".join(text for text, _ in pieces)
-        return self._chunk([_choice({"content": text})],
+        return self._chunk([self.text_choice(text)],
                            specchat={"tokens": [[t, s.value] for t, s in pieces]})
 
     def items(self, items: Sequence[StreamItem]) -> bytes:
@@ -137,8 +145,16 @@ class ChunkMaker:
 
     def end(self, result: ExchangeResult, called: bool = False) -> bytes:
         """The last chunk of the choice: its finish reason and the reply's statistics."""
-        return self._chunk([_choice({}, finish_reason(result, called))],
+        return self._chunk([self.end_choice(finish_reason(result, called))],
                            specchat=speculation(result))
+
+    def text_choice(self, text: str) -> dict[str, Any]:
+        """The choice of a chunk with more ``text``."""
+        return _choice({"content": text})
+
+    def end_choice(self, finish: str) -> dict[str, Any]:
+        """The choice of the last chunk, ending with ``finish``."""
+        return _choice({}, finish)
 
     def usage(self, result: ExchangeResult) -> bytes:
         """With ``stream_options.include_usage``: the usage chunk, no choices."""

@@ -29,7 +29,7 @@ from chatapp.api.exchange import ChatMessage, ExchangeRequest, ReplyGrammar
 from chatapp.api.tool_grammar import tool_call_grammar
 from chatapp.chat.message import ToolCall
 from chatapp.chat.session import UNTIL_CONTEXT_END
-from chatapp.chat.tools import AUTO, NONE, REQUIRED, FunctionTool, Tools
+from chatapp.chat.tools import AUTO, NO_TOOLS, NONE, REQUIRED, FunctionTool, Tools
 from chatapp.serve.errors import UNSUPPORTED
 from chatapp.settings.options import MAX_SEED
 
@@ -210,12 +210,37 @@ _REFUSED = {
 _OFF: tuple[Any, ...] = (None, False, 0, 0.0, [], {}, "none", ["text"])
 
 
-class ChatCompletionRequest(BaseModel):
+class StreamedRequest(BaseModel):
+    """What both completion endpoints share: ``stream`` with its options, ``stop`` (any number
+    of strings), and leniency: a field not read is accepted and named in ``ignored``."""
+
     model_config = ConfigDict(extra="allow", strict=True)
-    model: str
-    messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def ignored(self) -> list[str]:
+        """The fields of the body that are not read, by their names."""
+        return list(self.model_extra or ())
+
+    @property
+    def tool_set(self) -> Tools:
+        """The functions the reply may call (none unless the endpoint takes tools)."""
+        return NO_TOOLS
+
+
+class ChatCompletionRequest(StreamedRequest):
+    model: str
+    messages: list[Message] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
@@ -223,7 +248,6 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     max_tokens: Annotated[int | None, AfterValidator(_reply_limit)] = None
     max_completion_tokens: Annotated[int | None, AfterValidator(_reply_limit)] = None
-    stop: str | list[str] | None = None
     n: int | None = Field(None, ge=1)
     prediction: Prediction | None = None
     response_format: ResponseFormat | None = None
@@ -276,7 +300,7 @@ class ChatCompletionRequest(BaseModel):
     @property
     def ignored(self) -> list[str]:
         """The fields of the body and of its messages that are not read, by their names."""
-        names = list(self.model_extra or ())
+        names = super().ignored
         for i, message in enumerate(self.messages):
             names += [f"messages[{i}].{name}" for name in message.model_extra or ()]
         return names
@@ -292,18 +316,13 @@ class ChatCompletionRequest(BaseModel):
             name = choice or (AUTO if declared else NONE)
         return Tools(declared, name, self.parallel_tool_calls is not False)
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
     def exchange(self) -> ExchangeRequest:
         """The conversation layer's request."""
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         tools = self.tool_set
         return ExchangeRequest(
             messages=tuple(message.chat_message() for message in self.messages),
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            max_tokens=self._max_tokens, seed=self.seed, stop=stop,
+            max_tokens=self._max_tokens, seed=self.seed, stop=self.stop_sequences,
             prediction=self.prediction.text if self.prediction else None,
             grammar=self._grammar(tools), tools=tools, min_p=self.min_p)
 

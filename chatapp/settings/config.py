@@ -64,7 +64,9 @@ class Config:
     seed: int | None = None
     max_tokens: int = 1024
     system_prompt: str = ""
-    n_ctx: int = 4096
+    # The context window in tokens, or "auto": the target's trained context as far as its KV
+    # cache fits in memory with room (``chatapp.backends.context_size``).
+    n_ctx: int | str = "auto"
     overflow: str = "drop-oldest"  # a turn over the context: leave the oldest turns out, or refuse
     threads: int | None = None
     gpu_layers: int = 0
@@ -112,6 +114,11 @@ class Config:
         if self.rpc:  # another layout of the target's layers has other costs
             setup += ["rpc", *self.rpc, *map(str, self.tensor_split)]
         return setup
+
+    @property
+    def context_tokens(self) -> int | None:
+        """The context window the settings fix, None for "auto"."""
+        return self.n_ctx if isinstance(self.n_ctx, int) else None
 
     @property
     def draft_backend_name(self) -> str:

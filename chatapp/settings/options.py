@@ -31,6 +31,8 @@ LAYOUTS = ("auto", "shipped", "fast")
 OVERFLOWS = ("drop-oldest", "refuse")  # what a turn that would not fit the context does
 MAX_SEED = 2**64 - 1  # the random generators take any seed from 0 up; this bounds the number
 DEFAULT_RPC_PORT = DEFAULT_PORT  # `specchat rpc-server --port`: the CLI imports no backend
+AUTO = "auto"  # the word an option with ``Option.auto`` takes besides its numbers
+MIN_CONTEXT = 64  # the smallest context window, in tokens
 
 
 class OptionError(ValueError):
@@ -59,6 +61,13 @@ def _is_draft_length(value: str) -> bool:
     return value == "auto" or (value.isdigit() and int(value) <= MAX_DRAFT_LENGTH)
 
 
+def _is_context(value: Any) -> bool:
+    """``AUTO``, or a whole number of at least ``MIN_CONTEXT`` tokens."""
+    if value == AUTO:
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= MIN_CONTEXT
+
+
 def _is_device(value: str) -> bool:
     return value in ("auto", "cpu", "cuda") or value.startswith("cuda:")
 
@@ -74,6 +83,7 @@ class Option:
     rule: Rule | None = None
     choices: tuple[str, ...] = ()
     items: str = ""  # a list setting: what its items are, for error texts
+    auto: bool = False  # the value may also be the word ``AUTO`` (n_ctx)
 
     def problem(self, value: Any) -> str | None:
         """The problem of ``value`` as a whole-config text starting with the name, or None."""
@@ -84,11 +94,11 @@ class Option:
     def parse(self, text: str) -> Any:
         """The value of the text ``text`` (a flag or a form field); ``OptionError`` when it is
         not of the type or breaks the rule."""
-        return parse_value(text, self.kind, self.rule)
+        return parse_value(text, self.kind, self.rule, self.auto)
 
     def arg_type(self) -> Callable[[str], Any]:
         """``parse`` as an argparse ``type``: its errors become argparse's usage errors."""
-        return arg_type(self.kind, self.rule, self.name)
+        return arg_type(self.kind, self.rule, self.name, self.auto)
 
     def from_toml(self, value: Any) -> Any:
         """The Config value of the TOML value ``value``: an int is taken for a float, a list
@@ -105,15 +115,20 @@ class Option:
                 return value
             raise OptionError(f"'draft_length' must be a whole number 0..{MAX_DRAFT_LENGTH} "
                               f"or \"auto\", got {value!r}.")
+        if self.auto and value == AUTO:
+            return value
         if _is_a(value, self.kind):
             return self.kind(value)
         raise OptionError(f"'{self.name}' must be {self.kind.__name__}, "
                           f"got {type(value).__name__} {value!r}.")
 
 
-def parse_value(text: str, kind: type, rule: Rule | None = None) -> Any:
-    """``text`` as a ``kind`` (int, float or str) that ``rule`` allows; ``OptionError`` (its text
-    "must be ..., got ...") otherwise. Also for command-line numbers that are no setting."""
+def parse_value(text: str, kind: type, rule: Rule | None = None, auto: bool = False) -> Any:
+    """``text`` as a ``kind`` (int, float or str) that ``rule`` allows (with ``auto``, also the
+    word ``AUTO``); ``OptionError`` (its text "must be ..., got ...") otherwise. Also for
+    command-line numbers that are no setting."""
+    if auto and text == AUTO:
+        return text
     try:
         value = kind(text)
     except ValueError:
@@ -124,12 +139,13 @@ def parse_value(text: str, kind: type, rule: Rule | None = None) -> Any:
     return value
 
 
-def arg_type(kind: type, rule: Rule | None, name: str) -> Callable[[str], Any]:
+def arg_type(kind: type, rule: Rule | None, name: str, auto: bool = False
+             ) -> Callable[[str], Any]:
     """``parse_value`` as an argparse ``type`` called ``name``: an ``OptionError`` becomes an
     ``ArgumentTypeError``, which argparse reports as a usage error (exit status 2)."""
     def parse(text: str) -> Any:
         try:
-            return parse_value(text, kind, rule)
+            return parse_value(text, kind, rule, auto)
         except OptionError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
     parse.__name__ = name
@@ -161,7 +177,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("seed", int, Rule(f"in 0..{MAX_SEED}", lambda value: 0 <= value <= MAX_SEED)),
     Option("max_tokens", int, at_least(1)),
     Option("system_prompt", str),
-    Option("n_ctx", int, at_least(64)),
+    Option("n_ctx", int, Rule(f">= {MIN_CONTEXT} or {AUTO}", _is_context), auto=True),
     Option("overflow", str, one_of(OVERFLOWS, "drop-oldest or refuse"), OVERFLOWS),
     Option("threads", int, at_least(1)),
     Option("gpu_layers", int),

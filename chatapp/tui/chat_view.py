@@ -33,7 +33,7 @@ from textual.worker import get_current_worker
 from chatapp.chat.attachments import AttachmentError
 from chatapp.chat.context import ContextFullError
 from chatapp.chat.conversation import Conversation
-from chatapp.chat.events import StepEvent
+from chatapp.chat.events import PromptEvent, PromptProgressEvent, StepEvent
 from chatapp.chat.mentions import read_mentions
 from chatapp.chat.turns import ChatEntry, ChatEvent, PlanEvent, ReplayJob, Turn
 from chatapp.errors import UserFacingError
@@ -301,6 +301,8 @@ class ChatView(Vertical):
         for event in events:
             if isinstance(event, PlanEvent):
                 self._show_plan(view, event)
+        if any(isinstance(event, (PromptProgressEvent, PromptEvent)) for event in events):
+            view.update_header()  # how much of a long prompt is read, until it is
         pieces = turn.pieces[self._shown_pieces:]
         self._shown_pieces += len(pieces)
         if pieces:

@@ -134,11 +134,17 @@ class MessageView(Vertical):
         if self.finish_reason in ending:
             parts.append(ending[self.finish_reason])
         elif self.turn is not None and self.finish_reason is None:
-            parts.append("…")
+            parts.append(reading_text(self.turn.reading) if self.turn.reading else "…")
         return " · ".join(parts)
 
     def on_click(self, event: events.Click) -> None:
         self.post_message(self.Selected(self))
+
+
+def reading_text(reading: tuple[int, int]) -> str:
+    """A long prompt's progress as the live reply's header shows it."""
+    done, total = reading
+    return f"reading the prompt {done:,} / {total:,}"
 
 
 def attachment_chip(attachment: Attachment) -> str:

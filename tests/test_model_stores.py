@@ -245,3 +245,24 @@ def test_model_dirs_come_from_the_config(tmp_path: Path) -> None:
     path.write_text('model_dirs = "~/models"\n')
     with pytest.raises(Exception, match="model_dirs"):
         load_config(path)
+
+
+async def test_settings_screen_lists_the_models_found_with_their_drafts(
+        stores: Path, tui_make_app) -> None:
+    from textual.widgets import Static
+
+    from tests.conftest import open_settings, ready
+
+    lmstudio = stores / "home" / ".lmstudio" / "models"
+    write_tiny_gguf(lmstudio / "fam" / "big" / "big.gguf", TOKENS, 3000, basename="Fam")
+    write_tiny_gguf(lmstudio / "fam" / "small" / "small.gguf", TOKENS, 900, basename="Fam")
+    app = tui_make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        screen = await open_settings(pilot)
+        await pilot.press("f5")
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        text = str(screen.query_one("#settings-models", Static).render())
+    assert "lmstudio:fam/big/big.gguf" in text
+    assert "drafts: lmstudio:fam/small/small.gguf" in text

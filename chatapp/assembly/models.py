@@ -127,6 +127,11 @@ def _model_lines(model: Surveyed, drafts: list[Surveyed]) -> list[str]:
             f"  drafts: {_names(drafts) if drafts else none}"]
 
 
+def found_text(config: Config) -> str:
+    """``found_lines`` of ``config``'s local models, as one text (the settings screen's)."""
+    return "\n".join(found_lines(found_report(config))).strip()
+
+
 def _names(drafts: list[Surveyed]) -> str:
     return ", ".join(draft.model.name for draft in drafts)
 

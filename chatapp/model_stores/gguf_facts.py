@@ -8,15 +8,14 @@ alike, so one can draft for the other.
 
 ``model_facts(path)`` reads a file once per (path, size, modification time): the facts are kept
 in ``model_facts.json`` in specchat's state folder, never beside the model (which may lie in
-another tool's folder). A file the reader cannot parse, or whose tensors run past its end,
-raises ``UnreadableModelError`` whose text says so in one line.
+another tool's folder). A file the reader cannot parse (a truncated file among them: its last
+tensors do not fit) raises ``UnreadableModelError`` whose text says so in one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,6 @@ def read_facts(path: Path) -> GgufFacts:
 
     try:
         reader = GGUFReader(path)
-        _check_complete(reader, os.path.getsize(path))
         return _facts(reader)
     except OSError:
         raise
@@ -87,13 +85,6 @@ def read_facts(path: Path) -> GgufFacts:
 def _reason(error: Exception) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return text[:120]
-
-
-def _check_complete(reader: Any, size: int) -> None:
-    """Raise ``ValueError`` when the tensors' data runs past the file's ``size`` bytes."""
-    end = max((tensor.data_offset + int(tensor.n_bytes) for tensor in reader.tensors), default=0)
-    if end > size:
-        raise ValueError(f"truncated: its tensors need {end} bytes, the file has {size}")
 
 
 def _facts(reader: Any) -> GgufFacts:

@@ -53,7 +53,8 @@ def parse_request(text: str) -> tuple[str, str | None]:
 
 def choose_file(files: list[HubFile], quant: str | None, repo: str) -> HubFile:
     """The file of quantisation ``quant`` (case-insensitive, a whole part of the name: Q4_K is
-    not Q4_K_M), or for None Q4_K_M or the only file; ``PullError`` listing the choices otherwise."""
+    not Q4_K_M), or for None Q4_K_M or the only file; ``PullError`` listing the choices
+    otherwise."""
     wanted = quant or PREFERRED_QUANT
     pattern = re.compile(rf"(^|[-_.]){re.escape(wanted)}([-.]|$)", re.IGNORECASE)
     matching = [f for f in files if pattern.search(f.name)]

@@ -11,7 +11,7 @@ import pytest
 
 from chatapp import cli
 from chatapp.assembly.local_models import choose_draft, resolve_name
-from chatapp.backends.catalog import ModelNotFoundError
+from chatapp.backends.catalog import CATALOG, ModelNotFoundError
 from chatapp.model_stores import gguf_facts
 from chatapp.model_stores.gguf_facts import UnreadableModelError, model_facts, read_facts
 from chatapp.model_stores.pairing import can_draft
@@ -193,6 +193,7 @@ def test_models_json_lists_facts_and_drafts(stores: Path,
     assert cli.main(["--config", str(stores / "none.toml"), "models", "--json"]) == 0
 
     data = json.loads(capsys.readouterr().out)
+    assert [entry["alias"] for entry in data["catalog"]] == list(CATALOG)
     models = {m["name"]: m for m in data["models"] if m["store"] != "catalog"}
     big = models["lmstudio:fam/big/big.gguf"]
     assert big["drafts"] == ["lmstudio:fam/small/small.gguf", "lmstudio:kin/small/small.gguf"]

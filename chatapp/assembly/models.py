@@ -29,12 +29,7 @@ def model_report(config: Config) -> list[str]:
     roles ``config`` gives it, which file runs (its weight layout) and why."""
     lines = []
     for spec in CATALOG.values():
-        if is_ready(spec):
-            status = "ready"
-        elif not missing_parts(spec):
-            status = "installed (joined and verified on first use)"
-        else:
-            status = f"not installed: {install_hint(spec)}"
+        status = install_status(spec)
         roles = [r for r, alias in (("draft", config.draft), ("target", config.target))
                  if alias == spec.alias]
         role = f" [{', '.join(roles)}]" if roles else ""
@@ -44,6 +39,15 @@ def model_report(config: Config) -> list[str]:
                   f"  {spec.display_name}, {spec.size / 1e6:.0f} MB, {licence}", f"  {status}"]
         lines += [f"  {line}" for line in _layout_lines(spec, roles, config)]
     return lines
+
+
+def install_status(spec: ModelSpec) -> str:
+    """Whether the catalog model ``spec`` is ready, installed, or how to install it."""
+    if is_ready(spec):
+        return "ready"
+    if not missing_parts(spec):
+        return "installed (joined and verified on first use)"
+    return f"not installed: {install_hint(spec)}"
 
 
 def _layout_lines(spec: ModelSpec, roles: list[str], config: Config) -> list[str]:
@@ -137,9 +141,13 @@ def _names(drafts: list[Surveyed]) -> str:
 
 
 def found_json(report: FoundReport) -> dict[str, Any]:
-    """``report`` for scripts: one object per model (name, store, path, size, the GGUF facts,
-    drafts by name, best first) and the problem lines."""
-    return {"models": [{"name": model.model.name, "store": model.model.store,
+    """``report`` for scripts: the catalog (alias, name, size, install status), one object per
+    local model (name, store, path, size, the GGUF facts, drafts by name, best first; the
+    catalog's ready models among them, store "catalog") and the problem lines."""
+    return {"catalog": [{"alias": spec.alias, "display_name": spec.display_name,
+                         "size": spec.size, "status": install_status(spec)}
+                        for spec in CATALOG.values()],
+            "models": [{"name": model.model.name, "store": model.model.store,
                         "path": str(model.model.path), "size": model.model.size,
                         **dataclasses.asdict(model.facts), "drafts": [d.model.name for d in drafts]}
                        for model, drafts in report.models],

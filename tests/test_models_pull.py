@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from chatapp.model_stores.pull import HubFile, PullError, choose_file, parse_request
+from chatapp.offline import OFFLINE_ENVIRONMENT
 from tests.model_store_layouts import write_tiny_gguf
 
 REPO = "org/Tiny-GGUF"
@@ -111,10 +112,13 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
     loop.close()
 
 
-def _pull(hub: Hub, cache: Path, request: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+def _pull(hub: Hub, cache: Path, request: str,
+          **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()  # an earlier test's stay_offline leaves these
+           if not k.startswith("HF_") and k not in OFFLINE_ENVIRONMENT}
     env.update(HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(cache), HF_HUB_DISABLE_XET="1",
-               HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT), HOME=str(cache.parent))
+               HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(ROOT), HOME=str(cache.parent),
+               **extra_env)
     return subprocess.run([sys.executable, "-m", "chatapp", "models", "pull", request],
                           capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
 
@@ -194,3 +198,10 @@ def test_requests_and_file_choice() -> None:
     with pytest.raises(PullError, match="no single GGUF file of Q4_K"):
         choose_file(files, "Q4_K", "r")
     assert choose_file([HubFile("only.gguf", 1, "a")], None, "r").name == "only.gguf"
+
+
+def test_pull_says_when_the_hub_libraries_are_set_offline(hub: Hub, tmp_path: Path) -> None:
+    result = _pull(hub, tmp_path / "hf", REPO, TRANSFORMERS_OFFLINE="1")
+    assert result.returncode == 1
+    assert "set offline (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)" in result.stderr
+    assert hub.ranges == []

@@ -96,8 +96,11 @@ class FoundReport:
 
 def found_report(config: Config) -> FoundReport:
     """Every local model (``local_models``) that could be read, with the models that can draft
-    for it; what could not be read as lines."""
+    for it; what could not be read as lines. With no model of another tool found, no file is
+    read (the catalog's pair is known; reading a large header the first time takes seconds)."""
     found = local_models(config)
+    if all(model.store == "catalog" for model in found.models):
+        return FoundReport([], found.problems)
     surveyed, problems = survey(found.models)
     return FoundReport([(model, drafts_for(model, surveyed)) for model in surveyed],
                        found.problems + problems)

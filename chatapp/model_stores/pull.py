@@ -99,7 +99,8 @@ def pull(request: str, say: Callable[[str], None]) -> Path:
         say(f"{repo}: {chosen.name}, {chosen.size / 1e6:.0f} MB, sha256 {chosen.sha256}")
         return _download(repo, info.sha, chosen, endpoint)
     except OfflineModeIsEnabled:
-        raise PullError("HF_HUB_OFFLINE is set: unset it to pull from the hub") from None
+        raise PullError("the Hugging Face libraries are set offline (HF_HUB_OFFLINE or "
+                        "TRANSFORMERS_OFFLINE): unset it to pull from the hub") from None
     except (HfHubHTTPError, OSError) as error:
         raise PullError(f"cannot pull {repo}: {_first_line(error)}") from None
 

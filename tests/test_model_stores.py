@@ -148,6 +148,10 @@ def test_bad_input_is_one_line_each_and_nothing_is_written(
     bad = stores / "ollama" / "manifests" / "registry.ollama.ai" / "library" / "bad" / "1b"
     bad.parent.mkdir(parents=True)
     bad.write_text("not json")
+    escape = bad.parent.parent / "escape" / "1b"
+    escape.parent.mkdir()
+    escape.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                              "digest": "sha256:../../../files/tiny.gguf"}]}))
     lmstudio = stores / "home" / ".lmstudio" / "models"
     truncated = write_tiny_gguf(lmstudio / "pub" / "repo" / "cut.gguf", TOKENS, 4096)
     truncated.write_bytes(truncated.read_bytes()[:-64])
@@ -170,10 +174,11 @@ def test_bad_input_is_one_line_each_and_nothing_is_written(
 
     out = capsys.readouterr()
     problems = out.out.split("Could not use:\n", 1)[1].splitlines()
-    assert len(problems) == 6, problems
+    assert len(problems) == 7, problems
     text = "\n".join(problems)
     assert f"ollama:gone:1b: the blob sha256-{'0' * 64} its manifest names is missing" in text
     assert "ollama:bad:1b: its manifest" in text
+    assert "ollama:escape:1b: its manifest" in text and "which is no sha256 digest" in text
     assert "lmstudio:pub/repo/cut.gguf:" in text and "not a complete GGUF model" in text
     assert "lmstudio:pub/repo/plain.gguf: the file has no chat template" in text
     assert "lmstudio:pub/twice/tiny.gguf is in 2 places" in text

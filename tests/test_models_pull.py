@@ -205,3 +205,20 @@ def test_pull_says_when_the_hub_libraries_are_set_offline(hub: Hub, tmp_path: Pa
     assert result.returncode == 1
     assert "set offline (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)" in result.stderr
     assert hub.ranges == []
+
+
+def test_hub_files_that_would_leave_the_cache_are_left_out() -> None:
+    from types import SimpleNamespace
+
+    from chatapp.model_stores.pull import hub_files
+
+    def sibling(name: str, sha256: str | None = "a" * 64) -> SimpleNamespace:
+        lfs = SimpleNamespace(sha256=sha256) if sha256 is not None else None
+        return SimpleNamespace(rfilename=name, size=10, lfs=lfs)
+
+    info = SimpleNamespace(siblings=[
+        sibling("ok-Q4_K_M.gguf"), sibling("sub/ok-Q8_0.gguf"), sibling("../evil-Q4_K_M.gguf"),
+        sibling("/abs-Q4_K_M.gguf"), sibling("a/../b-Q4_K_M.gguf"),
+        sibling("nohash-Q4_K_M.gguf", None), sibling("badhash-Q4_K_M.gguf", "../x"),
+        sibling("m-00001-of-00002.gguf"), sibling("README.md")])
+    assert [f.name for f in hub_files(info)] == ["ok-Q4_K_M.gguf", "sub/ok-Q8_0.gguf"]

@@ -26,6 +26,8 @@ from chatapp.errors import UserFacingError
 PREFERRED_QUANT = "Q4_K_M"
 _CHUNK = 8 << 20
 _SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")  # names the blob
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # names the snapshot folder
 
 
 class PullError(UserFacingError):
@@ -71,17 +73,25 @@ def choose_file(files: list[HubFile], quant: str | None, repo: str) -> HubFile:
 
 
 def hub_files(info: Any) -> list[HubFile]:
-    """The single-file GGUF models of a ``ModelInfo`` with file metadata (shards left out)."""
+    """The single-file GGUF models of a ``ModelInfo`` with file metadata (shards, and files
+    without a sha256 or whose name would leave the snapshot folder, left out)."""
     files = []
     for sibling in info.siblings or ():
         name = sibling.rfilename
         if not name.endswith(".gguf") or _SHARD.search(name):
             continue
         sha256 = sibling.lfs.sha256 if sibling.lfs is not None else None
-        if sha256 is None or sibling.size is None:
+        if not _SHA256.fullmatch(sha256 or "") or sibling.size is None or not _plain(name):
             continue
         files.append(HubFile(name, int(sibling.size), sha256))
     return files
+
+
+def _plain(name: str) -> bool:
+    """Whether the hub's file name ``name`` stays inside a snapshot folder."""
+    parts = name.split("/")
+    return not name.startswith("/") and "\\" not in name and all(
+        part not in ("", ".", "..") for part in parts)
 
 
 def pull(request: str, say: Callable[[str], None]) -> Path:
@@ -95,6 +105,8 @@ def pull(request: str, say: Callable[[str], None]) -> Path:
     say(f"specchat models pull uses the network (the only command that does): {endpoint}")
     try:
         info = HfApi(endpoint=endpoint).model_info(repo, files_metadata=True)
+        if not _COMMIT.fullmatch(str(info.sha)):
+            raise PullError(f"cannot pull {repo}: the hub named no commit for it")
         chosen = choose_file(hub_files(info), quant, repo)
         say(f"{repo}: {chosen.name}, {chosen.size / 1e6:.0f} MB, sha256 {chosen.sha256}")
         return _download(repo, info.sha, chosen, endpoint)

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # the blob's name; never a path of its own
 GGUF_SUFFIX = ".gguf"
 STORE_PREFIXES = ("ollama:", "lmstudio:", "hf:", "llamacpp:")
 
@@ -135,7 +137,11 @@ def ollama_models(root: Path) -> Discovery:
             found.problems.append(f"{name}: its manifest {manifest} names no model layer "
                                   "(not an Ollama manifest, or damaged); skipped")
             continue
-        blob = root / "blobs" / str(digest).replace(":", "-")
+        if not isinstance(digest, str) or not OLLAMA_DIGEST.fullmatch(digest):
+            found.problems.append(f"{name}: its manifest {manifest} names the model layer "
+                                  f"{digest!r}, which is no sha256 digest; skipped")
+            continue
+        blob = root / "blobs" / digest.replace(":", "-")
         if not blob.is_file():
             found.problems.append(f"{name}: the blob {blob.name} its manifest names is missing "
                                   f"from {blob.parent}; `ollama pull` it again")

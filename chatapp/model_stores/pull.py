@@ -5,7 +5,8 @@ Contract of ``pull``: the repository's file list (``HfApi.model_info`` with file
 the GGUF files and the hub's sha256 of each; ``choose_file`` picks the one of the quantisation
 asked for (none asked: Q4_K_M, else the only one). The file streams (``huggingface_hub``'s
 ``http_get``: a progress bar, and a dropped connection resumed with a Range request) into
-``blobs/<sha256>.incomplete`` of the cache, which a later pull resumes after an interruption.
+``blobs/<sha256>.incomplete`` of the cache, which a later pull resumes after an interruption
+(under the lock ``hf_hub_download`` takes for that blob, so two pulls never write it at once).
 The whole file's sha256 must be the hub's, else the download is deleted and
 ``PullError`` says so; only then does it become the blob, with the snapshot link and the ref, as
 ``hf_hub_download`` lays them out. ``HF_ENDPOINT`` names another hub (tests serve one locally).
@@ -126,20 +127,24 @@ def _download(repo: str, commit: str, chosen: HubFile, endpoint: str) -> Path:
     check it, and lay it out as the cache does; the snapshot path."""
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.utils import WeakFileLock
 
-    storage = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    folder = repo_folder_name(repo_id=repo, repo_type="model")
+    storage = Path(constants.HF_HUB_CACHE) / folder
     blob = storage / "blobs" / chosen.sha256
     snapshot = storage / "snapshots" / commit / chosen.name
-    if not blob.is_file():
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        partial = blob.with_name(blob.name + ".incomplete")
-        url = hf_hub_url(repo, chosen.name, revision=commit, endpoint=endpoint)
-        with partial.open("ab") as out:
-            done = out.tell()
-            http_get(url, out, resume_size=done, expected_size=chosen.size,
-                     displayed_filename=chosen.name, headers={"Accept-Encoding": "identity"})
-        _check_sha256(partial, chosen)
-        os.replace(partial, blob)
+    lock = Path(constants.HF_HUB_CACHE) / ".locks" / folder / f"{chosen.sha256}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):  # the lock hf_hub_download takes for the same blob
+        if not blob.is_file():
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            partial = blob.with_name(blob.name + ".incomplete")
+            url = hf_hub_url(repo, chosen.name, revision=commit, endpoint=endpoint)
+            with partial.open("ab") as out:
+                http_get(url, out, resume_size=out.tell(), expected_size=chosen.size,
+                         displayed_filename=chosen.name, headers={"Accept-Encoding": "identity"})
+            _check_sha256(partial, chosen)
+            os.replace(partial, blob)
     snapshot.parent.mkdir(parents=True, exist_ok=True)
     if not snapshot.exists():
         snapshot.unlink(missing_ok=True)  # a dangling link

@@ -272,3 +272,13 @@ async def test_settings_screen_lists_the_models_found_with_their_drafts(
         text = str(screen.query_one("#settings-models", Static).render())
     assert "lmstudio:fam/big/big.gguf" in text
     assert "drafts: lmstudio:fam/small/small.gguf" in text
+
+
+def test_the_facts_cache_forgets_files_that_are_gone(tmp_path: Path,
+                                                      private_state_dir: Path) -> None:
+    gone = write_tiny_gguf(tmp_path / "gone.gguf", TOKENS, 10)
+    model_facts(gone)
+    gone.unlink()
+    model_facts(write_tiny_gguf(tmp_path / "kept.gguf", TOKENS, 10))
+    cache = json.loads((private_state_dir / "specchat" / "model_facts.json").read_text())
+    assert list(cache) == [str(tmp_path / "kept.gguf")]

@@ -48,7 +48,8 @@ class GgufFacts:
 
 def model_facts(path: Path) -> GgufFacts:
     """The facts of the GGUF file ``path``: from the state folder's cache when its size and
-    modification time are unchanged, else read now (a second or a few) and cached.
+    modification time are unchanged, else read now (a second or a few) and cached (the cache
+    forgets files that are gone).
     ``UnreadableModelError`` for a file that is not a complete GGUF model, ``OSError`` for one
     that cannot be opened."""
     stat = path.stat()
@@ -63,8 +64,9 @@ def model_facts(path: Path) -> GgufFacts:
         except TypeError:
             pass  # kept by another version: read again
     facts = read_facts(path)
-    cache[key] = {"stamp": stamp, "facts": dataclasses.asdict(facts)}
-    remember_json(cache_path, cache)
+    kept_files = {name: entry for name, entry in cache.items() if Path(name).exists()}
+    remember_json(cache_path, kept_files | {key: {"stamp": stamp,
+                                                  "facts": dataclasses.asdict(facts)}})
     return facts
 
 

@@ -283,7 +283,9 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 
 def bench(config: Config, args: argparse.Namespace) -> int:
-    """`specchat bench` with the prompts and configurations its flags choose."""
+    """`specchat bench` with the prompts and configurations its flags choose; an ``auto`` draft
+    is chosen first, as the app chooses it (a note on stderr says which)."""
+    from chatapp.assembly.local_models import choose_draft
     from chatapp.bench import (
         MEMORY_CHOICES,
         PROMPTS_PATH,
@@ -299,6 +301,9 @@ def bench(config: Config, args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as error:
         print(f"specchat bench: cannot use those prompts: {error}", file=sys.stderr)
         return 2
+    config, note = choose_draft(config)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     specs = args.configs or (default_specs(args.k_values) if args.k_values else None)
     if args.against_llama_cpp is not None:
         from chatapp.bench.llama_cpp_compare import compare_command

@@ -282,3 +282,19 @@ def test_the_facts_cache_forgets_files_that_are_gone(tmp_path: Path,
     model_facts(write_tiny_gguf(tmp_path / "kept.gguf", TOKENS, 10))
     cache = json.loads((private_state_dir / "specchat" / "model_facts.json").read_text())
     assert list(cache) == [str(tmp_path / "kept.gguf")]
+
+
+def test_bench_measures_the_draft_auto_chooses(stores: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import chatapp.bench
+
+    lmstudio = stores / "home" / ".lmstudio" / "models"
+    write_tiny_gguf(lmstudio / "fam" / "big" / "big.gguf", TOKENS, 3000, basename="Fam")
+    write_tiny_gguf(lmstudio / "fam" / "small" / "small.gguf", TOKENS, 900, basename="Fam")
+    benched: list[Config] = []
+    monkeypatch.setattr(chatapp.bench, "bench_command",
+                        lambda config, *args, **kwargs: benched.append(config) or 0)
+    assert cli.main(["--config", str(stores / "none.toml"), "bench", "--target",
+                     "lmstudio:fam/big/big.gguf", "--draft", "auto"]) == 0
+    assert [config.draft for config in benched] == ["lmstudio:fam/small/small.gguf"]
+    assert "note: draft auto: lmstudio:fam/small/small.gguf" in capsys.readouterr().err

@@ -72,8 +72,11 @@ def _model_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     common.add_argument("--config", type=Path, help="config file (default: the user config dir)")
     common.add_argument("--preset", help="a preset of the config file (built in: code, chat)")
-    common.add_argument("--draft", help="draft model: catalog alias or path")
-    common.add_argument("--target", help="target model: catalog alias or path")
+    common.add_argument("--draft", help="draft model: catalog alias, path, a name `specchat "
+                        "models` lists (ollama:..., lmstudio:..., hf:...) or auto (the best "
+                        "local draft for the target; the default for such a target)")
+    common.add_argument("--target", help="target model: catalog alias, path or a name `specchat "
+                        "models` lists (ollama:NAME:TAG, lmstudio:..., hf:ORG/REPO/FILE)")
     common.add_argument("--backend", **_option("backend"),
                         help="llama (GGUF, llama.cpp) or hf (PyTorch)")
     common.add_argument("--draft-backend", **_option("draft_backend"),
@@ -140,11 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     run.add_argument("--file", dest="files", action="append", default=[], metavar="PATH",
                      help="attach this text file to the prompt (repeatable)")
-    commands.add_parser("models", parents=[common], help="list known models and what is installed")
+    _add_models_parser(commands, common)
     _add_bench_parser(commands, common)
     _add_rpc_server_parser(commands)
     add_chats_parser(commands)
     return parser
+
+
+def _add_models_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``specchat models`` (offline) and ``specchat models pull`` (the hub)."""
+    models = commands.add_parser("models", parents=[common], help="list the catalog and the "
+                                 "models other tools keep here (Ollama, LM Studio, the Hugging "
+                                 "Face cache), with the drafts that fit each")
+    models.add_argument("--json", dest="as_json", action="store_true",
+                        help="one JSON object on stdout, for scripts")
+    actions = models.add_subparsers(dest="models_action", metavar="ACTION")
+    pull = actions.add_parser("pull", help="download a GGUF model from the Hugging Face hub into "
+                              "its cache (the only command that uses the network)")
+    pull.add_argument("repo", metavar="REPO[:QUANT]", help="e.g. "
+                      "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M (default quantisation: "
+                      "Q4_K_M, or the only GGUF file)")
+
+
+def _pulls(args: argparse.Namespace) -> bool:
+    """Whether the command is ``specchat models pull`` (the one that may use the network)."""
+    return getattr(args, "models_action", None) == "pull"
 
 
 def _add_bench_parser(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -266,7 +289,9 @@ def load_settings(args: argparse.Namespace) -> Config:
 
 
 def bench(config: Config, args: argparse.Namespace) -> int:
-    """`specchat bench` with the prompts and configurations its flags choose."""
+    """`specchat bench` with the prompts and configurations its flags choose; an ``auto`` draft
+    is chosen first, as the app chooses it (a note on stderr says which)."""
+    from chatapp.assembly.local_models import choose_draft
     from chatapp.bench import (
         MEMORY_CHOICES,
         PROMPTS_PATH,
@@ -282,6 +307,9 @@ def bench(config: Config, args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as error:
         print(f"specchat bench: cannot use those prompts: {error}", file=sys.stderr)
         return 2
+    config, note = choose_draft(config)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     specs = args.configs or (default_specs(args.k_values) if args.k_values else None)
     if args.against_llama_cpp is not None:
         from chatapp.bench.llama_cpp_compare import compare_command
@@ -311,8 +339,9 @@ def bench(config: Config, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    stay_offline()
     args = build_parser().parse_args(argv)
+    if not _pulls(args):
+        stay_offline()
     try:
         command = args.command or "tui"
         if command == "rpc-server":
@@ -323,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "run":
             return run_command(config, args.prompt, args.json, args.files)
         if command == "models":
-            return models_command(config)
+            return pull_command(args.repo) if _pulls(args) else models_command(config,
+                                                                              args.as_json)
         if command == "bench":
             return bench(config, args)
         if command == "serve":
@@ -412,11 +442,25 @@ def _cancel_on_interrupt(cancel: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def models_command(config: Config) -> int:
-    """`specchat models`: the known models, what is installed, and which file runs and why."""
-    from chatapp.assembly.models import model_report
+def models_command(config: Config, as_json: bool = False) -> int:
+    """`specchat models`: the known models, what is installed, which file runs and why, and the
+    models other tools keep here with their drafts (``--json``: the same as one object)."""
+    from chatapp.assembly.models import found_json, found_lines, found_report, model_report
 
-    print("\n".join(model_report(config)))
+    report = found_report(config)
+    if as_json:
+        _print_json(found_json(report))
+    else:
+        print("\n".join(model_report(config) + found_lines(report)))
+    return 0
+
+
+def pull_command(request: str) -> int:
+    """`specchat models pull REPO[:QUANT]`: the file into the Hugging Face cache."""
+    from chatapp.model_stores.pull import pull
+
+    path = pull(request, lambda line: print(line, file=sys.stderr))
+    print(path)
     return 0
 
 

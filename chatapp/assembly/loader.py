@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from chatapp.assembly.layout_costs import layout_costs, measure_layouts, needs_measuring
+from chatapp.assembly.local_models import choose_draft, resolve_name
 from chatapp.backends.base import Backend
-from chatapp.backends.catalog import CATALOG, resolve_model
+from chatapp.backends.catalog import CATALOG
 from chatapp.backends.layouts import LayoutPlan, LayoutSetting, plan_layout, prepare_layout
 from chatapp.backends.memory_estimate import check_fits
 from chatapp.chat.attachments import message_text
@@ -45,16 +46,17 @@ def _quiet(message: str, fraction: float | None) -> None:
 
 def load_backend(model: str, role: str, config: Config, progress: LoadProgress = _quiet,
                  n_ctx: int | None = None) -> Backend:
-    """Resolve ``model`` (alias or path), assembling it if needed, and load it on the backend of
-    its ``role`` ("target": ``config.backend``; "draft": ``config.draft_backend_name``) with a
-    window of ``n_ctx`` tokens (None: ``config.n_ctx``, where "auto" lets the backend choose
-    from the model and the memory)."""
+    """Resolve ``model`` (alias, path or store name), assembling it if needed, and load it on
+    the backend of its ``role`` ("target": ``config.backend``; "draft":
+    ``config.draft_backend_name``) with a window of ``n_ctx`` tokens (None: ``config.n_ctx``,
+    where "auto" lets the backend choose from the model and the memory)."""
     n_ctx = n_ctx or config.context_tokens
+
     def assembling(done: int, total: int) -> None:
         progress(f"Preparing {role} model {model}", done / total if total else None)
 
     backend = config.draft_backend_name if role == "draft" else config.backend
-    path = resolve_model(model, assembling)
+    path = resolve_name(model, config, assembling)
     if role == "target" and config.rpc:
         return _load_remote_target(path, model, config, progress, n_ctx)
     if backend == "llama":
@@ -207,7 +209,9 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
     """Load the target (and the drafter, if ``with_draft``) and return a session ready to chat.
     With ``history`` the default drafter's suffix index covers its chats
     (``load_history_index``); each reply's hints say which of them it continues and which were
-    deleted (``DraftHints``)."""
+    deleted (``DraftHints``). An ``auto`` draft is chosen first (``choose_draft``); the session's
+    notes say which."""
+    config, draft_note = choose_draft(config) if with_draft else (config, None)
     target = load_backend(config.target, "target", config, progress)
     free_sources = with_draft and config.drafter in ("ngram", "ngram+model")
     try:
@@ -228,7 +232,9 @@ def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: b
         raise
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     return ChatSession(SpeculativeEngine(target, drafter), generation_settings(config), seed,
-                       config.system_prompt, runtime_notes(config), takes_prediction=free_sources)
+                       config.system_prompt,
+                       (*runtime_notes(config), *([draft_note] if draft_note else [])),
+                       takes_prediction=free_sources)
 
 
 def build_session_over_history(config: Config, progress: LoadProgress = _quiet,

@@ -75,6 +75,7 @@ class Config:
     layout: str = "auto"  # weight layout of catalog models: fastest faithful, shipped, or fast
     rpc: tuple[str, ...] = ()  # "host:port" of RPC servers that hold the target's layers
     tensor_split: tuple[float, ...] = ()  # one weight per RPC device; empty: by free memory
+    model_dirs: tuple[str, ...] = ()  # more folders of .gguf models for `specchat models`
     # The preset these settings were chosen from ("" none; a reopened chat's may be gone from
     # ``presets``: the file and the command line choose among them, ``with_preset``).
     preset: str = ""

@@ -186,6 +186,7 @@ OPTIONS: dict[str, Option] = {option.name: option for option in (
     Option("device", str, Rule("auto, cpu or cuda[:N]", _is_device)),
     Option("rpc", str, items='strings "host:port"'),
     Option("tensor_split", float, items="numbers, one per RPC device"),
+    Option("model_dirs", str, items="folder paths"),
     Option("preset", str),
 )}
 

@@ -85,8 +85,8 @@ SETTING_FIELDS = (
     ("seed", "Seed", "empty: random"),
     ("max_tokens", "Max tokens", "longest reply"),
     ("draft_length", "Draft length K", f"{OPTIONS['draft_length'].rule.text} (0 = no draft)"),
-    ("target", "Target model", "alias or path; changing it reloads"),
-    ("draft", "Draft model", "alias or path; changing it reloads"),
+    ("target", "Target model", "alias, path or a name F5 lists; changing it reloads"),
+    ("draft", "Draft model", "alias, path, a name F5 lists or auto; changing it reloads"),
     ("n_ctx", "Context", "tokens; changing it reloads"),
 )
 
@@ -94,12 +94,17 @@ SETTING_FIELDS = (
 class SettingsScreen(ModalScreen[Config | None]):
     """Sampling, draft length, system prompt and models. Returns the new Config (or None).
 
+    "Find models" (F5) lists the models on this machine with the drafts that fit each
+    (``chatapp.assembly.models.found_text``), read in a thread: the first reading of a large
+    file's header takes seconds.
+
     Choosing a preset fills the fields it sets (the others keep their values); the settings
     returned carry its name. "Save as defaults" also writes them to ``config_path`` (None: the
     default config file)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
-                Binding("f8,alt+s", "save_defaults", "Save as defaults")]
+                Binding("f8,alt+s", "save_defaults", "Save as defaults"),
+                Binding("f5", "find_models", "Find models")]
 
     def __init__(self, config: Config, config_path: Path | None = None) -> None:
         super().__init__()
@@ -132,6 +137,11 @@ class SettingsScreen(ModalScreen[Config | None]):
                 yield Label("System prompt", classes="dialog-heading")
                 yield TextArea(self.config.system_prompt, id="set-system_prompt",
                                soft_wrap=True, tab_behavior="focus")
+                yield Label("Models on this machine", classes="dialog-heading")
+                yield Button("Find models (F5)", id="settings-find-models",
+                             tooltip="Ollama's and LM Studio's models, the Hugging Face cache, "
+                             "model_dirs: each with the drafts that fit it")
+                yield Static("", id="settings-models")
             yield Label("", id="settings-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="settings-save")
@@ -175,11 +185,26 @@ class SettingsScreen(ModalScreen[Config | None]):
             self.action_save()
         elif event.button.id == "settings-save-defaults":
             self.action_save_defaults()
+        elif event.button.id == "settings-find-models":
+            self.action_find_models()
         else:
             self.action_cancel()
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def action_find_models(self) -> None:
+        """List the models found on this machine, read in a thread."""
+        shown = self.query_one("#settings-models", Static)
+        shown.update(Text("Looking for models…"))
+
+        def find() -> None:
+            from chatapp.assembly.models import found_text
+
+            text = found_text(self.config)
+            self.app.call_from_thread(shown.update, Text(text))
+
+        self.run_worker(find, thread=True, exclusive=True, group="find-models")
 
     def action_save(self) -> None:
         try:

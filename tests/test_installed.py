@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
+from chatapp.backends.catalog import DEFAULT_DRAFT
+from tests.conftest import NEEDS_DEFAULT_PAIR
 
 SOURCE_TREE = Path(__file__).resolve().parent.parent
+
 pytestmark = [
     pytest.mark.real_models,
-    pytest.mark.skipif(
-        any(missing_parts(CATALOG[a]) for a in (DEFAULT_DRAFT, DEFAULT_TARGET)),
-        reason="default pair not installed: pip install '.[models]'"),
+    NEEDS_DEFAULT_PAIR,
 ]
 
 

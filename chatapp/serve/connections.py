@@ -1,4 +1,5 @@
-"""Connections to `specchat serve`: how many, and how long one may take to ask.
+"""Connections to `specchat serve`: how many, how long one may take to ask, and how a request
+aiohttp cannot parse is answered.
 
 aiohttp keeps a connection that has not finished sending its request head for as long as its
 keep-alive allows (an hour), and accepts any number of them. ``Connections`` wraps the server's
@@ -6,7 +7,9 @@ protocol factory: past ``max_open`` open connections a new one is closed at once
 whose first request head has not arrived ``head_timeout_s`` after it opened is closed (the guard
 marks each request it sees with ``seen``). Later requests on a kept-alive connection are bounded
 by aiohttp's ``keepalive_timeout`` (``KEEPALIVE_S``), and request bodies by the handler's own
-timeout.
+timeout. A request aiohttp's parser refuses before any handler runs (a malformed request line or
+header, a line too long) is answered in OpenAI's error shape too (``_JsonErrors``), as every other
+refusal is.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from chatapp.serve.errors import INVALID_REQUEST, ApiError
 
 MAX_CONNECTIONS = 64
 HEAD_TIMEOUT_S = 10.0  # from the connection to its first request's head
@@ -41,8 +48,9 @@ class Connections:
             self._seen.add(transport)
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """``inner`` (aiohttp's protocol factory) with the limits."""
-        return lambda: _Limited(inner(), self)
+        """``inner`` (aiohttp's protocol factory) with the limits, its parser's refusals in
+        OpenAI's shape."""
+        return lambda: _Limited(_json_errors(inner()), self)
 
     def opened(self, transport: asyncio.BaseTransport) -> bool:
         """Count a new connection; False (and it is closed) past the limit."""
@@ -114,3 +122,33 @@ class LimitedSite(web.SockSite):
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
             self._connections.factory(server), sock=self._sock)
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's protocol for one connection, answering what its parser refuses as OpenAI's JSON
+    error (aiohttp's own answer is plain text). Nothing else differs: it is aiohttp's handler
+    with this one method, set on the instance aiohttp made (``_json_errors``)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs and checks, as aiohttp does
+        if status >= 500:
+            refusal = ApiError(status, "specchat serve failed on this request (a bug): its log "
+                               "says more.", type="server_error", code="server_error")
+        else:
+            reason = message.splitlines()[0][:200] if message else "malformed request"
+            refusal = ApiError(status, f"The request could not be read as HTTP: {reason}.",
+                               INVALID_REQUEST, code="bad_request")
+        answer = refusal.response()
+        answer.force_close()
+        return answer
+
+
+def _json_errors(protocol: asyncio.Protocol) -> asyncio.Protocol:
+    """``protocol`` (aiohttp's ``RequestHandler``) answering its parser's refusals as JSON."""
+    if type(protocol) is RequestHandler:
+        protocol.__class__ = _JsonErrors
+    return protocol

@@ -1,7 +1,8 @@
 """Structured output through the API: JSON-schema replies (``response_format`` ``json_schema``,
-and one ``json_object``) from a `specchat serve` with its default drafting (auto draft length)
-against one started with ``-k 0`` (target-only), for the speed-up that drafting keeps under a
-grammar:
+one ``json_object``) and forced tool calls (``tools`` with ``tool_choice``: a grammar too, the
+call's arguments are the reply) from a `specchat serve` with its default drafting (auto draft
+length) against one started with ``-k 0`` (target-only), for the speed-up that drafting keeps
+under a grammar:
 
     python -m benchmarks.serve_structured [--rounds 3] [--max-tokens 256]
         [--server-args "MODEL OPTIONS"]
@@ -43,26 +44,39 @@ _USER = {"type": "object", "additionalProperties": False,
                         "email": {"type": "string"},
                         "role": {"type": "string", "enum": ["admin", "editor", "viewer"]},
                         "active": {"type": "boolean"}}}
-# (name, prompt, response_format)
+_WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather forecast for a city.",
+    "parameters": {"type": "object", "additionalProperties": False,
+                   "required": ["city", "days", "unit"],
+                   "properties": {"city": {"type": "string"},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+def _schema(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields of a strict ``json_schema`` response format."""
+    return {"response_format": {"type": "json_schema", "json_schema": {
+        "name": name, "strict": True, "schema": schema}}}
+
+
+# (name, prompt, the request's fields that shape the reply)
 CASES: list[tuple[str, str, dict[str, Any]]] = [
-    ("weather-week", "Give a seven-day weather forecast for Paris as JSON.",
-     {"type": "json_schema", "json_schema": {"name": "forecast", "strict": True, "schema": {
-         "type": "object", "additionalProperties": False, "required": ["city", "days"],
-         "properties": {"city": {"type": "string"},
-                        "days": {"type": "array", "items": _DAY, "minItems": 7}}}}}),
+    ("weather-week", "Give a seven-day weather forecast for Paris as JSON.", _schema("forecast", {
+        "type": "object", "additionalProperties": False, "required": ["city", "days"],
+        "properties": {"city": {"type": "string"},
+                       "days": {"type": "array", "items": _DAY, "minItems": 7}}})),
     ("users-table", "Make up eight users of a small blogging site as JSON records.",
-     {"type": "json_schema", "json_schema": {"name": "users", "strict": True, "schema": {
-         "type": "object", "additionalProperties": False, "required": ["users"],
-         "properties": {"users": {"type": "array", "items": _USER, "minItems": 8}}}}}),
+     _schema("users", {"type": "object", "additionalProperties": False, "required": ["users"],
+                       "properties": {"users": {"type": "array", "items": _USER,
+                                                "minItems": 8}}})),
     ("tool-args", "Call get_weather for Oslo, Lima and Tokyo in celsius: write the three calls' "
-     "arguments as a JSON list.",
-     {"type": "json_schema", "json_schema": {"name": "calls", "strict": True, "schema": {
+     "arguments as a JSON list.", _schema("calls", {
          "type": "array", "minItems": 3, "items": {
              "type": "object", "additionalProperties": False, "required": ["city", "unit"],
              "properties": {"city": {"type": "string"},
-                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}}),
+                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}})),
     ("json-object", "Describe the planets of the solar system as a JSON object, one key each.",
-     {"type": "json_object"}),
+     {"response_format": {"type": "json_object"}}),
+    ("tool-call", "What will the weather be in Oslo over the next five days, in celsius?",
+     {"tools": [_WEATHER_TOOL], "tool_choice": "required"}),
 ]
 
 
@@ -86,16 +100,17 @@ class Reply:
         return True
 
 
-def complete(base_url: str, prompt: str, response_format: dict[str, Any],
-             max_tokens: int) -> Reply:
-    """One greedy structured chat completion of ``prompt`` at ``base_url`` (".../v1")."""
-    body = request_body([{"role": "user", "content": prompt}], max_tokens,
-                        response_format=response_format)
+def complete(base_url: str, prompt: str, fields: dict[str, Any], max_tokens: int) -> Reply:
+    """One greedy chat completion of ``prompt`` at ``base_url`` (".../v1"), shaped by
+    ``fields``; a tool call's arguments are its text."""
+    body = request_body([{"role": "user", "content": prompt}], max_tokens, **fields)
     answer = post_completion(base_url, body)
     figures = answer["specchat"]
-    return Reply(answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"],
-                 figures["decode_tokens_per_s"], figures["tokens_per_target_call"],
-                 figures["drafted"], figures["accepted"])
+    message = answer["choices"][0]["message"]
+    calls = message.get("tool_calls") or []
+    text = calls[0]["function"]["arguments"] if calls else message["content"]
+    return Reply(text, answer["usage"]["completion_tokens"], figures["decode_tokens_per_s"],
+                 figures["tokens_per_target_call"], figures["drafted"], figures["accepted"])
 
 
 @dataclass
@@ -122,10 +137,9 @@ def measure(max_tokens: int, rounds: int, server_args: Sequence[str], out: TextI
     for _ in range(rounds):
         with ServeProcess([*serve, *server_args]) as drafting, \
                 ServeProcess([*serve, *server_args, "-k", "0"]) as target:
-            for (_, prompt, response_format), result in zip(CASES, results, strict=True):
-                result.drafting.append(complete(drafting.base_url, prompt, response_format,
-                                                max_tokens))
-                result.target_only.append(complete(target.base_url, prompt, response_format,
+            for (_, prompt, fields), result in zip(CASES, results, strict=True):
+                result.drafting.append(complete(drafting.base_url, prompt, fields, max_tokens))
+                result.target_only.append(complete(target.base_url, prompt, fields,
                                                    max_tokens))
     print_table(results, max_tokens, out)
     return results

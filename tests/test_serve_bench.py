@@ -208,8 +208,7 @@ def test_the_structured_measurement_sends_each_schema_to_both_servers(
     quote: the cases here are JSON booleans.)"""
     from benchmarks import serve_structured
 
-    boolean = {"type": "json_schema", "json_schema": {"name": "yes", "schema": {
-        "type": "boolean"}}}
+    boolean = serve_structured._schema("yes", {"type": "boolean"})
     monkeypatch.setattr(serve_structured, "CASES", [("is-it", "the user asks", boolean),
                                                     ("is-it-not", "the user asks", boolean)])
     out = io.StringIO()

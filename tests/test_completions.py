@@ -20,6 +20,7 @@ from chatapp.api.exchange import (
 )
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.message import ChatMessage
+from chatapp.chat.prompt import client_fim
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.engine.contracts import NO_HINTS, DraftBudget
 from chatapp.engine.sampling import SamplingParams
@@ -65,6 +66,38 @@ def test_control_token_text_in_the_prompt_stays_text() -> None:
     fim = FakeBackend(fim=True).fim_ids
     assert fim is not None
     assert tokens.count(fim[2]) == 1 and tokens[-1] == fim[2]
+
+
+# Continue's autocompletion for Qwen2.5-Coder through an OpenAI-compatible server: the FIM
+# prompt written by the client, no suffix field (its qwenMultifileFimTemplate, with a repo head)
+SPELLINGS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+CLIENT_FIM = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+
+
+def test_a_fim_prompt_the_client_wrote_is_the_fim_prompt_of_prompt_and_suffix() -> None:
+    assert prompt_of(RawText(CLIENT_FIM)) == prompt_of(RawText(PREFIX, SUFFIX))
+
+
+def test_the_text_before_a_client_written_fim_prompt_comes_first_as_text() -> None:
+    fake = FakeBackend(fim=True)
+    head = "the target is the draft\n"
+    assert prompt_of(RawText(head + CLIENT_FIM)) == [
+        *fake.tokenize(head), *prompt_of(RawText(PREFIX, SUFFIX))]
+
+
+@pytest.mark.parametrize("prompt", [
+    f"<|fim_suffix|>{SUFFIX}<|fim_prefix|>{PREFIX}<|fim_middle|>",  # out of order
+    f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|> ",  # not ending with middle
+    f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}",  # no middle
+    f"<|fim_prefix|><|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",  # twice
+])
+def test_other_prompts_with_fim_spellings_are_no_client_fim_prompt(prompt: str) -> None:
+    assert client_fim(prompt, SPELLINGS) is None
+
+
+def test_a_client_written_fim_prompt_to_a_model_without_fim_tokens_stays_text() -> None:
+    events, result = run(exchange(fim=False), raw(CLIENT_FIM))
+    assert isinstance(events[0], ExchangeStarted) and result.stats.tokens > 0
 
 
 def test_a_model_without_fim_tokens_refuses_a_suffix_and_says_why() -> None:

@@ -112,3 +112,21 @@ def test_fields_a_completion_does_not_read_are_ignored_and_named(server) -> None
     assert status == 200, data
     ignored = {key.lower(): value for key, value in headers.items()}["x-specchat-ignored"]
     assert set(ignored.split(", ")) == {"tools", "repetition_penalty"}
+
+
+def test_continues_autocompletion_request_is_answered_as_fill_in_the_middle(server) -> None:
+    """Continue's tab completion against an OpenAI-compatible server (its `openai` provider):
+    the FIM prompt written by the client, no `suffix`, all twelve of its stops, streamed."""
+    body = {"model": "qwen2.5-coder-1.5b", "max_tokens": 256, "temperature": 0.01,
+            "stream": True, "prompt": f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",
+            "stop": ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                     "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<|im_start|>",
+                     "<|im_end|>", "/src/", "#- coding: utf-8", "```"],
+            "stream_options": {"include_usage": True}}
+    status, _, data = raw(server, "POST", "/v1/completions", json.dumps(body).encode())
+    assert status == 200, data
+    events = [json.loads(line[6:]) for line in data.decode().splitlines()
+              if line.startswith("data: {")]
+    fake = FakeBackend()
+    assert events[-1]["usage"]["prompt_tokens"] == 3 + len(fake.tokenize(PREFIX)
+                                                           + fake.tokenize(SUFFIX))

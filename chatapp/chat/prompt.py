@@ -16,7 +16,10 @@ What differs between a chat and an API request is a ``PromptRules`` value handed
 - ``RawText(prompt, suffix)`` (the API's completions): no messages and no chat template, the
   prompt as plain text; with a suffix, the model's fill-in-the-middle prompt (prefix, suffix,
   middle tokens around the two texts: the reply is what goes between), ``FimUnsupportedError``
-  for a model without those tokens; refused as the API's messages are when too long.
+  for a model without those tokens; refused as the API's messages are when too long. A prompt
+  without a suffix that a client already wrote in the model's fill-in-the-middle form
+  (``client_fim``: what editors send to OpenAI-compatible servers) is that prompt with its
+  three spellings as the three tokens; any other control-token text stays text.
 
 The room kept for the reply is one rule for both (``reply_room``).
 """
@@ -55,6 +58,12 @@ class PromptRender(Protocol):
     @property
     def fim(self) -> tuple[int, int, int] | None:
         """The target's fill-in-the-middle tokens (prefix, suffix, middle), None: it has none."""
+        ...
+
+    @property
+    def fim_spellings(self) -> tuple[str, str, str] | None:
+        """How ``fim``'s three tokens are written as text (``<|fim_prefix|>``, ...), None: the
+        target has no fill-in-the-middle tokens."""
         ...
 
     @property
@@ -211,21 +220,46 @@ class RawText:
         """The prompt's tokens (system prompt and messages unused); ``PromptTooLongError``,
         ``FimUnsupportedError`` as the module docstring says."""
         limit, before = n_ctx - room, 0
+        texts: list[list[int]] = []
         try:
-            if not self.suffix:
+            parts = self._fim_parts(render)
+            if parts is None:
                 return PromptPlan(render.text(self.prompt, limit))
             fim = render.fim
             if fim is None:
                 raise FimUnsupportedError(render.name)
-            prefix_id, suffix_id, middle_id = fim
             before = len(fim)
-            prefix = render.text(self.prompt, limit - before)
-            before += len(prefix)
-            suffix = render.text(self.suffix, limit - before)
+            for part in parts:
+                texts.append(render.text(part, limit - before))
+                before += len(texts[-1])
         except PromptOverLimit as over:
             raise PromptTooLongError(before + over.tokens, n_ctx, room, True,
                                      "prompt is") from None
-        return PromptPlan([prefix_id, *prefix, suffix_id, *suffix, middle_id])
+        (prefix_id, suffix_id, middle_id), (head, prefix, suffix) = fim, texts
+        return PromptPlan([*head, prefix_id, *prefix, suffix_id, *suffix, middle_id])
+
+    def _fim_parts(self, render: PromptRender) -> tuple[str, str, str] | None:
+        """``(head, prefix, suffix)`` of a fill-in-the-middle prompt (the head before the prefix
+        token: "" but in a client's own), None for a plain one."""
+        if self.suffix:
+            return "", self.prompt, self.suffix
+        spellings = render.fim_spellings
+        return None if spellings is None else client_fim(self.prompt, spellings)
+
+
+def client_fim(prompt: str, spellings: tuple[str, str, str]) -> tuple[str, str, str] | None:
+    """``(head, prefix, suffix)`` when ``prompt`` is one a client wrote in the fill-in-the-middle
+    form of a model whose three tokens are written ``spellings`` (prefix, suffix, middle):
+    ``HEAD<pre>PREFIX<suf>SUFFIX<mid>``, each spelling once, in that order, ``<mid>`` last (as
+    Continue's autocompletion writes it for Qwen2.5-Coder); else None."""
+    pre, suf, mid = spellings
+    if not prompt.endswith(mid) or any(prompt.count(s) != 1 for s in spellings):
+        return None
+    head, rest = prompt.split(pre)
+    if suf not in rest:
+        return None
+    prefix, suffix = rest[:-len(mid)].split(suf)
+    return head, prefix, suffix
 
 
 TRIM_OLDEST = TrimOldest()

@@ -256,5 +256,14 @@ class _TargetRender:
         return self._target.fim_ids
 
     @property
+    def fim_spellings(self) -> tuple[str, str, str] | None:
+        fim = self._target.fim_ids
+        if fim is None:
+            return None
+        prefix, suffix, middle = (self._target.token_bytes(t).decode("utf-8", "replace")
+                                  for t in fim)
+        return prefix, suffix, middle
+
+    @property
     def name(self) -> str:
         return self._target.name

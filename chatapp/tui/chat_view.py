@@ -3,7 +3,8 @@ streaming into the list (the live turn).
 
 ``ChatView`` owns what the user reads and types. It asks its conversation (``chat``) for every
 turn (``begin``, ``regenerate``, ``edit``), runs ``chat.stream`` in a worker thread that posts the
-events in one ``ReplyEvents`` per speculation step (never per character), applies them to the
+events in ``ReplyEvents`` of whole speculation steps (never per character; steps close together
+in one, see ``post_reply``), applies them to the
 turn on the UI thread as they come (``Turn.apply``: the one path every front end takes), and ends
 the turn through the conversation (``finish`` / ``fail``). What they added is shown at a pace, not
 per step (the engine decodes on the same CPU): the text at most ``FRAMES_PER_S`` times a second,

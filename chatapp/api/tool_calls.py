@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatapp.chat.message import ToolCall
-from chatapp.chat.tools import NONE, Tools
+from chatapp.chat.tools import Tools
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
@@ -103,7 +103,7 @@ class ToolCallStream:
 
     @property
     def active(self) -> bool:
-        return bool(self.tools.declared) and self.tools.choice != NONE
+        return self.tools.callable
 
     def push(self, delta: str) -> list[StreamItem]:
         """Read ``delta``; what can be given out now."""

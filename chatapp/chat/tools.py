@@ -55,6 +55,12 @@ class Tools:
         return tuple(tool.template_form() for tool in self.declared)
 
     @property
+    def callable(self) -> bool:
+        """Whether the reply may call a function (some declared, the choice not "none"): then
+        its text is read for calls."""
+        return bool(self.declared) and self.choice != NONE
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(tool.name for tool in self.declared)
 

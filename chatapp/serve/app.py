@@ -213,13 +213,10 @@ class ApiServer:
                      pending: list[ExchangeEvent], shape: ReplyShape) -> web.Response:
         """A reply without ``stream``: all of it at once (read for tool calls when the request
         has tools)."""
-        result = await _result(job, pending)
-        if result.finish_reason == "cancelled":
-            raise server_error("specchat serve is stopping: the reply was cut short.",
-                               "server_stopping", 503)
+        result = _not_cut_short(await _result(job, pending))
         self.metrics.reply(result)
         tools = body.tool_set
-        reply = parse_reply(result.text, tools) if ToolCallStream(tools).active else None
+        reply = parse_reply(result.text, tools) if tools.callable else None
         return web.json_response(shape.whole(int(time.time()), body.model, result, reply))
 
     async def _stream(self, request: web.Request, body: Body,
@@ -236,10 +233,7 @@ class ApiServer:
         calls = ToolCallStream(body.tool_set)
         try:
             await response.write(chunks.role())
-            result = await _stream_text(response, chunks, calls, job, pending)
-            if result.finish_reason == "cancelled":
-                raise server_error("specchat serve is stopping: the reply was cut short.",
-                                   "server_stopping", 503)
+            result = _not_cut_short(await _stream_text(response, chunks, calls, job, pending))
             self.metrics.reply(result)
             await _write_items(response, chunks, calls.finish())
             await response.write(chunks.end(result, bool(calls.calls)))
@@ -271,6 +265,14 @@ def _ignored_header(body: Body) -> dict[str, str]:
         return {}
     log.debug("specchat serve: ignored request fields: %s", ", ".join(ignored))
     return {IGNORED_HEADER: ", ".join(ignored)}
+
+
+def _not_cut_short(result: ExchangeResult) -> ExchangeResult:
+    """``result``, unless the server's stopping cut the reply short (then a 503)."""
+    if result.finish_reason == "cancelled":
+        raise server_error("specchat serve is stopping: the reply was cut short.",
+                           "server_stopping", 503)
+    return result
 
 
 async def _started(job: JobStream[ExchangeEvent]) -> list[ExchangeEvent]:

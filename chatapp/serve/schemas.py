@@ -291,8 +291,7 @@ class ChatCompletionRequest(StreamedRequest):
                                       "among the tools: {name}", {"name": choice.function.name})
         if choice == REQUIRED and not names:
             raise PydanticCustomError("value_error", "tool_choice 'required' needs tools")
-        forced = choice == REQUIRED or isinstance(choice, NamedToolChoice)
-        if forced and self.response_format is not None and self.response_format.grammar():
+        if self.tool_set.forced and self._format_grammar() is not None:
             raise PydanticCustomError(UNSUPPORTED, "a forced tool call (tool_choice) and a JSON "
                                       "response_format cannot both shape one reply: send one")
         return self
@@ -340,6 +339,8 @@ class ChatCompletionRequest(StreamedRequest):
     def _grammar(self, tools: Tools) -> ReplyGrammar | None:
         """The grammar the reply must match: a forced tool call's, a JSON response format's
         (never both: refused), else None."""
-        if self.response_format is not None and self.response_format.grammar() is not None:
-            return self.response_format.grammar()
-        return tool_call_grammar(tools)
+        return self._format_grammar() or tool_call_grammar(tools)
+
+    def _format_grammar(self) -> ReplyGrammar | None:
+        """The grammar of the response format (None: plain text)."""
+        return self.response_format.grammar() if self.response_format is not None else None

@@ -71,12 +71,15 @@ class ReplyPart(Widget):
         """The lines ``text`` takes in this part at ``width`` columns."""
         if not text:
             return 0
-        shown = text[:-1] if text.plain.endswith("\n") else text
-        return visualize(self, shown).get_height(self.styles, width)
+        return visualize(self, _shown(text)).get_height(self.styles, width)
 
     def render(self) -> Text:
-        text = self.text  # its last line break is the break before the next part
-        return text[:-1] if text.plain.endswith("\n") else text
+        return _shown(self.text)
+
+
+def _shown(text: Text) -> Text:
+    """``text`` as a part shows it: its last line break is the break before the next part."""
+    return text[:-1] if text.plain.endswith("\n") else text
 
 
 class ReplyText(Widget):

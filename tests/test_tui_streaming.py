@@ -127,3 +127,36 @@ async def test_the_work_per_token_does_not_grow_with_the_reply(monkeypatch):
         assert long[name] <= short[name] * 1.25 + 1, (name, short, long)
     # A token that does not start a line is painted where it is, without a layout.
     assert long["layouts"] < 0.5
+
+
+def test_steps_reach_the_app_at_most_once_an_interval_the_first_at_once() -> None:
+    """``post_reply``: the prompt and the first step are posted at once (the first token is not
+    held back), later steps at most once every ``interval_s`` (each message wakes the app's
+    thread), the end at once; every event arrives, in order."""
+    import threading
+    import types
+
+    from chatapp.backends.fake import FakeBackend
+    from chatapp.chat.message import ChatMessage
+    from chatapp.chat.session import ChatSession
+    from chatapp.engine.events import DoneEvent, PromptEvent, StepEvent
+    from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+    from chatapp.policy.fixed import FixedDraftLength
+    from chatapp.tui.messages import post_reply
+
+    session = ChatSession(SpeculativeEngine(FakeBackend()), GenerationSettings(max_tokens=30),
+                          seed=0)
+    _, stream = session.reply([ChatMessage("user", "the user asks")], FixedDraftLength(0))
+    events = list(stream)
+    steps = sum(isinstance(event, StepEvent) for event in events)
+    turn = types.SimpleNamespace(cancel=threading.Event())
+    held: list = []
+    post_reply(events, turn, held.append, lambda: False, interval_s=3600.0)
+    batches = [message.events for message in held]
+    assert [event for batch in batches for event in batch] == events
+    assert isinstance(batches[0][-1], PromptEvent)
+    assert [isinstance(event, StepEvent) for event in batches[1]].count(True) == 1
+    assert len(batches) == 3 and isinstance(batches[-1][-1], DoneEvent) and steps > 2
+    every: list = []
+    post_reply(events, turn, every.append, lambda: False)  # no interval: a message a step
+    assert len(every) == len(batches) + steps - 1

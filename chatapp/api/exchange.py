@@ -226,17 +226,17 @@ class ChatExchange:
         returned (what to tell the client), else ""."""
         meta = {"k": result.k.to_json(), "draft": self.config.draft,
                 "target": self.config.target, "api": True}
+        not_saved = ""
         try:
             if request.raw is None:
                 self.served.save(request.messages, chat, result.text, reply.pieces,
                                  result.stats, result.finish_reason, meta)
         except (HistoryError, sqlite3.Error, OSError) as error:
             log.warning("The reply was answered but not saved to the history: %s", error)
-            return f"The reply was not saved to the history: {error}"
-        finally:
-            if result.finish_reason is not Ending.CANCELLED:
-                self.policy.remember(policy_setting(self.config))
-        return ""
+            not_saved = f"The reply was not saved to the history: {error}"
+        if result.finish_reason is not Ending.CANCELLED:
+            self.policy.remember(policy_setting(self.config))
+        return not_saved
 
     def _predicted(self, request: ExchangeRequest, cancel: threading.Event) -> list[int] | None:
         """The predicted output's tokens (plain text; None without one);

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from chatapp.assembly.loader import make_policy
+from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import MODEL_SOURCE, DraftPolicy, ShadowScore, StepOutcome
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.fixed import FixedDraftLength
@@ -354,3 +355,58 @@ def test_exploring_batch_sizes_stops_when_it_has_lost_its_budget() -> None:
     assert policy._may_explore()
     report(policy, 9, 0, 0.0, 2.0, source="ngram")  # a never-timed size, lost
     assert not policy._may_explore()
+
+
+@pytest.mark.parametrize("proposed,matched", [(8, 8), (8, 3), (8, 0), (3, 2)])
+def test_a_score_told_in_parts_counts_as_the_whole_score(proposed: int, matched: int) -> None:
+    """A shadow proposal is scored position by position as the emitted tokens decide it (so a
+    run of matches counts at once, not only when the whole proposal is decided): the partial
+    scores and the final one leave the arm's counts as one whole score would."""
+    whole, parts = SourceArm(Tuning()), SourceArm(Tuning())
+    for arm in (whole, parts):  # what was learnt before: the same in both
+        arm.count_acceptance(8, 5)
+    whole.count_acceptance(proposed, matched)
+    told = matched if matched < proposed else proposed - 1  # as ShadowReplay.settle tells it
+    for so_far in range(1, told + 1):
+        parts.count_acceptance(proposed, so_far, so_far - 1, settled=False)
+    parts.count_acceptance(proposed, matched, told)
+    assert parts.verified == pytest.approx(whole.verified)
+    assert parts.accepted == pytest.approx(whole.accepted)
+
+
+# seconds to verify n = 1..17 tokens: the calibration of 2026-12-07 on the EPYC of
+# docs/benchmarks.md (4 tokens at 2.6 one-token steps, 16 at 5.2)
+CHEAP_BATCH_EPYC = [.0282, .0447, .0594, .0724, .0893, .1059, .1190, .1217, .1382, .1430, .1496,
+                    .1478, .1567, .1657, .1785, .1457, .1724]
+
+
+def reply_losing_to_new_kinds(tuning: Tuning, kinds: int) -> tuple[float, float]:
+    """A calibrated policy on the cheap-batch EPYC curve of docs/benchmarks.md decodes a reply
+    where ``kinds`` free sources come up one after another, each right on the 2 tokens it
+    proposes first (it quotes the question) and on none after; returns (seconds lost against
+    plain decoding, seconds spent)."""
+    costs = CHEAP_BATCH_EPYC
+    policy = AutoDraftLength(tuning)
+    policy.calibrate(Calibration(dict(enumerate(costs, 1))))
+    policy.start_turn()
+    lost = spent = 0.0
+    for kind in (f"edit-{n}" for n in range(kinds)):
+        report(policy, 0, 0, 0.0, costs[0], scores=(ShadowScore(kind, 16, 2),))
+        for _ in range(20):
+            k = asked(policy, kind)
+            report(policy, k, 0, 0.0, costs[k], kind, (ShadowScore(kind, 16, 0),))
+            lost += costs[k] - costs[0]
+            spent += costs[k]
+    return lost, spent
+
+
+def test_a_reply_whose_drafts_keep_failing_loses_at_most_its_budget() -> None:
+    # Every new kind of source is tried at the prior acceptance until its own proposals say
+    # otherwise: without a bound, a reply with many kinds (an edit tracker's, the lookups',
+    # the history's) pays for each. Once the reply's drafting has lost its budget, a kind
+    # drafts only on what it showed in this reply.
+    lost, spent = reply_losing_to_new_kinds(Tuning(), kinds=12)
+    dearest_step = max(CHEAP_BATCH_EPYC) - CHEAP_BATCH_EPYC[0]  # the step that crossed it
+    assert lost <= Tuning().loss_budget * spent + dearest_step
+    unbounded, _ = reply_losing_to_new_kinds(Tuning(loss_budget=1e9), kinds=12)
+    assert unbounded > 2 * lost  # the guard, not the prior alone, is what bounds it

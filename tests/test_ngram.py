@@ -181,8 +181,10 @@ def test_shadow_scoring_reports_would_be_acceptance() -> None:
     assert proposal.tokens == []  # a budget of 0: consulted for its scores only
     # at "9 1": lookup of "1" gives 2 3 4 -> all matched (3/3); 5 is the target's token;
     # at "...5 1": lookup "5 1"? no; "1" -> most recent continuation 2 3 4: 2 matches, 7 not.
-    assert [(s.source, s.proposed, s.matched) for s in proposal.scores] == [
-        ("ngram", 3, 3), ("ngram", 3, 1)]
+    # Each position is told as soon as a token decides it (partial scores, then the final one).
+    assert [(s.source, s.proposed, s.matched, s.start, s.settled) for s in proposal.scores] == [
+        ("ngram", 3, 1, 0, False), ("ngram", 3, 2, 1, False), ("ngram", 3, 3, 2, True),
+        ("ngram", 3, 1, 0, False), ("ngram", 3, 1, 1, True)]
     # each score is handed over once
     assert drafter.propose(context, DraftBudget.uniform(0), GREEDY, RNG).scores == ()
 

@@ -177,6 +177,7 @@ class ShadowReplay:
         self.at = at
         self.proposal: list[int] = []
         self.kind = ""
+        self.counted = 0  # positions of the pending proposal already scored
 
     def start_if_due(self, context: Sequence[int]) -> None:
         """Make the would-be proposal of a step starting after ``context``, if one starts
@@ -188,8 +189,9 @@ class ShadowReplay:
                 self.at += 1  # no proposal: that step would have been plain
 
     def settle(self, tokens: Sequence[int]) -> ShadowScore | None:
-        """The pending proposal's score once the emitted ``tokens`` decide it; None while
-        undecided or idle."""
+        """What the emitted ``tokens`` newly decided of the pending proposal: its final score
+        once a mismatch or its end decides it, else a partial one for the positions that
+        matched since the last score; None when nothing new is known or idle."""
         proposal, start = self.proposal, self.at
         if not proposal:
             return None
@@ -197,11 +199,15 @@ class ShadowReplay:
         matched = 0
         while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
             matched += 1
-        if matched < len(proposal) and matched == known:
-            return None  # every emitted token so far matched; wait for more
+        counted = self.counted
+        if matched < len(proposal) and matched == known:  # every emitted token so far matched
+            if matched == counted:
+                return None
+            self.counted = matched
+            return ShadowScore(self.kind, len(proposal), matched, counted, settled=False)
         self.at = start + matched + 1  # the target's own token follows the accepted ones
-        self.proposal = []
-        return ShadowScore(self.kind, len(proposal), matched)
+        self.proposal, self.counted = [], 0
+        return ShadowScore(self.kind, len(proposal), matched, counted)
 
 
 @dataclass(frozen=True)
@@ -347,7 +353,7 @@ class NgramDrafter:
             if scored is None:
                 continue
             self._scores.append(scored)
-            if replay.source is self._lookup:
+            if replay.source is self._lookup and scored.settled:
                 self._lookup.scored(scored)
 
     def _new_replays(self, at: int) -> list[ShadowReplay]:

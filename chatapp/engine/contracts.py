@@ -99,7 +99,10 @@ class DraftBudget:
 
 @dataclass(frozen=True)
 class ShadowScore:
-    """A proposal of ``proposed`` tokens from ``source`` would have had ``matched`` accepted.
+    """A proposal of ``proposed`` tokens from ``source`` would have had ``matched`` accepted
+    (positions ``start`` on: those before were in an earlier score of the same proposal); with
+    ``settled`` False, the first ``matched`` matched the tokens emitted so far, the rest is not
+    decided yet (a partial score: what is known is told as soon as it is known).
 
     A free drafter replays its proposals over the emitted tokens: the target emitted x with
     probability p(x), the acceptance probability of a one-hot proposal of x, so a match is an
@@ -109,6 +112,8 @@ class ShadowScore:
     source: str
     proposed: int
     matched: int
+    start: int = 0  # the positions before it were scored already (an earlier, partial score)
+    settled: bool = True  # False: the first ``matched`` matched so far; the rest is undecided
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,16 @@ class AutoDraftLength:
     that were emitted) sends ``ShadowScore``s with its proposals; such a source learns its
     acceptance from those only, needs no exploring, counts as free to draft until timed, and the
     budget keeps ``consult`` set while it sits at K = 0 (asking it costs nothing), so it drafts
-    again as soon as its proposals start to match. Names in the description above are the fields
-    of its ``Tuning`` (``chatapp.policy.tuning``), held by the policy and each source's arm.
+    again as soon as its proposals start to match; it tells each position of a proposal as soon
+    as an emitted token decides it, so a run that is matching counts before it ends.
+
+    Exploring is bounded per reply: once the drafting steps of this reply have lost more than
+    ``loss_budget`` of its time against plain decoding of the tokens they emitted, a source is
+    judged on ``deficit_prior`` instead of ``prior_acceptance`` until its gains bring the reply
+    back within the budget, so a reply where source after source (an edit tracker's kinds, the
+    lookups', the history's) tries its first drafts on the prior cannot pay for each of them.
+    Names in the description above are the fields of its ``Tuning`` (``chatapp.policy.tuning``),
+    held by the policy and each source's arm.
     """
 
     def __init__(self, tuning: Tuning = Tuning()) -> None:
@@ -95,6 +103,8 @@ class AutoDraftLength:
         self._draft_token: float | None = None  # a draft-model token's calibrated cost
         self._new_ks = (tuning.first_k, tuning.first_k)  # model's and a free source's, unrecorded
         self._new_ks_known = False  # whether _new_ks were decided on calibrated costs
+        self._turn_s = 0.0  # this reply's seconds, and what its drafting steps gained over
+        self._turn_gain_s = 0.0  # plain decoding of the tokens they emitted (negative: lost)
 
     @property
     def max_k(self) -> int:
@@ -148,6 +158,8 @@ class AutoDraftLength:
             self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
             touched = {score.source for score in outcome.scores}
+            if self._count_turn(outcome):
+                touched |= set(self._arms)
             if k == 0:
                 self._last_plain = self._step
             else:
@@ -175,6 +187,7 @@ class AutoDraftLength:
         code must give way at once on prose; a prediction is the client's word on the reply, as
         it was on the last one; the costs, the machine's, are kept)."""
         with self._lock:
+            self._turn_s = self._turn_gain_s = 0.0
             for kind, arm in self._arms.items():
                 kept = not arm.shadowed or source_family(kind) == PREDICTION_SOURCE
                 weight = self.tuning.turn_forget if kept else self.tuning.free_turn_forget
@@ -193,6 +206,25 @@ class AutoDraftLength:
             self._draft_token = calibration.draft_token
             self._new_ks_known = False
             self._redecide(set(self._arms))
+
+    def _count_turn(self, outcome: StepOutcome) -> bool:
+        """Add a step to this reply's time and, for a drafting step, what it gained against plain
+        decoding of the tokens it emitted (at the one-token verification's estimated cost);
+        True when that moved the reply into or out of deficit (``_in_deficit``)."""
+        was = self._in_deficit()
+        seconds = max(outcome.draft_s + outcome.verify_s, 0.0)
+        self._turn_s += seconds
+        plain = self._verify.predict(1)
+        if outcome.drafted and plain is not None:
+            self._turn_gain_s += (outcome.accepted + 1) * plain - seconds
+        return self._in_deficit() != was
+
+    def _in_deficit(self) -> bool:
+        """Whether this reply's drafting has lost more than ``loss_budget`` of its time against
+        plain decoding: exploring is bounded by what it costs, so from there on a source drafts
+        only on the acceptance it showed in this reply (``deficit_prior`` before it), until its
+        gains bring the reply back within the budget."""
+        return self._turn_gain_s < -self.tuning.loss_budget * self._turn_s
 
     def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
         """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,
@@ -215,7 +247,8 @@ class AutoDraftLength:
             return
         arm = self._arm(score.source)
         arm.shadowed = True
-        arm.count_acceptance(score.proposed, min(score.matched, score.proposed))
+        arm.count_acceptance(score.proposed, min(score.matched, score.proposed), score.start,
+                             score.settled)
 
     # -- what was learnt, kept between starts -------------------------------------------------
 
@@ -333,7 +366,13 @@ class AutoDraftLength:
 
     def _acceptance(self, arm: SourceArm) -> list[float]:
         """Estimated acceptance at positions 1..``_longest(arm)``."""
-        return arm.acceptance(self._longest(arm))
+        return arm.acceptance(self._longest(arm), self._prior())
+
+    def _prior(self) -> float:
+        """The acceptance at position 1 assumed before a source's own observations:
+        ``prior_acceptance``, or ``deficit_prior`` while this reply's drafting has lost more
+        than it may (``_in_deficit``)."""
+        return self.tuning.deficit_prior if self._in_deficit() else self.tuning.prior_acceptance
 
     def _rates(self, arm: SourceArm, acceptance: list[float]) -> list[float]:
         """Expected tokens per second of a step at K = 0..len(acceptance) (empty before any

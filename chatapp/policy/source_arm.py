@@ -79,8 +79,12 @@ class SourceArm:
         if not self.shadowed:
             self.count_acceptance(k, accepted)
 
-    def count_acceptance(self, k: int, accepted: int) -> None:
-        """Count a proposal of ``k`` tokens of which the first ``accepted`` passed. Position i is
+    def count_acceptance(self, k: int, accepted: int, start: int = 0,
+                         settled: bool = True) -> None:
+        """Count a proposal of ``k`` tokens of which the first ``accepted`` passed, from position
+        ``start`` on (the positions before were counted by an earlier part of the same score);
+        ``settled`` False: the positions after ``accepted`` are not decided yet and are left
+        for a later part. Position i is
         verified when all before it passed; the positions after the first rejection were
         proposed but not verified: their counts age by ``unverified_forget``, faster than the
         verified ones (``forget``), so that what they say relaxes towards the positions before
@@ -90,18 +94,18 @@ class SourceArm:
         while len(self.verified) < k:
             self.verified.append(0.0)
             self.accepted.append(0.0)
-        for i in range(k):
+        for i in range(start, k if settled else accepted):
             verified = i <= accepted
             age = self.tuning.forget if verified else self.tuning.unverified_forget
             self.verified[i] = age * self.verified[i] + verified
             self.accepted[i] = age * self.accepted[i] + (i < accepted)
 
-    def acceptance(self, max_k: int) -> list[float]:
+    def acceptance(self, max_k: int, prior: float) -> list[float]:
         """The acceptance at positions 1..``max_k``, each given the positions before it were
-        accepted: its counts shrunk towards the position before (position 1 towards
-        ``prior_acceptance``) with ``prior_weight`` pseudo-observations."""
+        accepted: its counts shrunk towards the position before (position 1 towards ``prior``)
+        with ``prior_weight`` pseudo-observations."""
         weight = self.tuning.prior_weight
-        rates, previous = [], self.tuning.prior_acceptance
+        rates, previous = [], prior
         for i in range(max_k):
             seen = self.verified[i] if i < len(self.verified) else 0.0
             hits = self.accepted[i] if i < len(self.accepted) else 0.0

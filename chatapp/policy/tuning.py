@@ -26,6 +26,10 @@ class Tuning:
     catchup_prior: float = 0.25  # an idle draft model catches up on a missed token at this x its
     # per-token cost, until measured
     prior_acceptance: float = 0.6  # acceptance assumed at position 1 before any observation
+    loss_budget: float = 0.02  # a reply's drafting may lose at most this share of its time
+    # against plain decoding before sources are judged on ``deficit_prior`` (free sources' short
+    # drafts on prose and Q&A cost 3-5% on the EPYC of docs/benchmarks.md without it)
+    deficit_prior: float = 0.3  # the acceptance assumed at position 1 while over that budget
     prior_weight: float = 2.0  # pseudo-observations shrinking position i's rate towards i-1's
     forget: float = 0.95  # per-observation forgetting of acceptance counts (about the last 20
     # steps count; 0.9 let the estimates swing enough to cost 5% on the simulated GPU)

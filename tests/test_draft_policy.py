@@ -385,7 +385,7 @@ def reply_losing_to_new_kinds(tuning: Tuning, kinds: int) -> tuple[float, float]
     where ``kinds`` free sources come up one after another, each right on the 2 tokens it
     proposes first (it quotes the question) and on none after; returns (seconds lost against
     plain decoding, seconds spent)."""
-    costs = CHEAP_BATCH_EPYC
+    costs = CHEAP_BATCH_EPYC  # seconds to verify n + 1 tokens: costs[n]
     policy = AutoDraftLength(tuning)
     policy.calibrate(Calibration(dict(enumerate(costs, 1))))
     policy.start_turn()

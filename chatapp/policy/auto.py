@@ -103,8 +103,8 @@ class AutoDraftLength:
         self._draft_token: float | None = None  # a draft-model token's calibrated cost
         self._new_ks = (tuning.first_k, tuning.first_k)  # model's and a free source's, unrecorded
         self._new_ks_known = False  # whether _new_ks were decided on calibrated costs
-        self._turn_s = 0.0  # this reply's seconds, and what its drafting steps gained over
-        self._turn_gain_s = 0.0  # plain decoding of the tokens they emitted (negative: lost)
+        self._turn_s = 0.0  # this reply's seconds, and what its drafting steps lost against
+        self._turn_lost_s = 0.0  # plain decoding of the tokens they emitted (negative: gained)
 
     @property
     def max_k(self) -> int:
@@ -187,7 +187,7 @@ class AutoDraftLength:
         code must give way at once on prose; a prediction is the client's word on the reply, as
         it was on the last one; the costs, the machine's, are kept)."""
         with self._lock:
-            self._turn_s = self._turn_gain_s = 0.0
+            self._turn_s = self._turn_lost_s = 0.0
             for kind, arm in self._arms.items():
                 kept = not arm.shadowed or source_family(kind) == PREDICTION_SOURCE
                 weight = self.tuning.turn_forget if kept else self.tuning.free_turn_forget
@@ -208,15 +208,15 @@ class AutoDraftLength:
             self._redecide(set(self._arms))
 
     def _count_turn(self, outcome: StepOutcome) -> bool:
-        """Add a step to this reply's time and, for a drafting step, what it gained against plain
-        decoding of the tokens it emitted (at the one-token verification's estimated cost);
-        True when that moved the reply into or out of deficit (``_in_deficit``)."""
+        """Add a step to this reply's time and, for a drafting step, what it lost against plain
+        decoding of the tokens it emitted (``_lost_to_plain``); True when that moved the reply
+        into or out of deficit (``_in_deficit``)."""
         was = self._in_deficit()
         seconds = max(outcome.draft_s + outcome.verify_s, 0.0)
         self._turn_s += seconds
-        plain = self._verify.predict(1)
-        if outcome.drafted and plain is not None:
-            self._turn_gain_s += (outcome.accepted + 1) * plain - seconds
+        lost = self._lost_to_plain(outcome.accepted + 1, seconds)
+        if outcome.drafted and lost is not None:
+            self._turn_lost_s += lost
         return self._in_deficit() != was
 
     def _in_deficit(self) -> bool:
@@ -224,7 +224,7 @@ class AutoDraftLength:
         plain decoding: exploring is bounded by what it costs, so from there on a source drafts
         only on the acceptance it showed in this reply (``deficit_prior`` before it), until its
         gains bring the reply back within the budget."""
-        return self._turn_gain_s < -self.tuning.loss_budget * self._turn_s
+        return self._turn_lost_s > self.tuning.loss_budget * self._turn_s
 
     def _count_exploring(self, n: int, emitted: int, seconds: float) -> None:
         """Add a verification of ``n`` tokens that emitted ``emitted`` to the time spent and,
@@ -232,9 +232,16 @@ class AutoDraftLength:
         to the time spent exploring."""
         seconds = max(seconds, 0.0)
         self._spent_s += seconds
+        lost = self._lost_to_plain(emitted, seconds)
+        if not self._verify.ever_measured(n) and lost is not None:
+            self._exploring_s += max(0.0, lost)
+
+    def _lost_to_plain(self, emitted: int, seconds: float) -> float | None:
+        """How much longer than plain decoding of its ``emitted`` tokens a step of ``seconds``
+        took, at the one-token verification's estimated cost (negative: it gained; None before
+        any timing)."""
         plain = self._verify.predict(1)
-        if not self._verify.ever_measured(n) and plain is not None:
-            self._exploring_s += max(0.0, seconds - emitted * plain)
+        return None if plain is None else seconds - emitted * plain
 
     def _may_explore(self) -> bool:
         """Whether a free source may still be offered batch sizes never timed at a cheap guess

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -410,3 +411,31 @@ def test_a_reply_whose_drafts_keep_failing_loses_at_most_its_budget() -> None:
     assert lost <= Tuning().loss_budget * spent + dearest_step
     unbounded, _ = reply_losing_to_new_kinds(Tuning(loss_budget=1e9), kinds=12)
     assert unbounded > 2 * lost  # the guard, not the prior alone, is what bounds it
+
+
+def test_a_source_never_seen_is_judged_on_the_deficit_prior_from_the_step_the_reply_enters_it(
+) -> None:
+    # A kind that has not proposed anything yet drafts the K of a free source with no record;
+    # that K is decided on the prior, so it must follow the reply into deficit at once, not at
+    # the next periodic re-decision. On the AMX Xeon's curve the two priors give different Ks.
+    costs = [float(np.interp(n, (1, 4, 16, 32), (.067, .101, .135, .229))) for n in range(1, 18)]
+    tuning = Tuning()
+
+    def never_seen_k(prior: float) -> int:
+        policy = AutoDraftLength(replace(tuning, prior_acceptance=prior))
+        policy.calibrate(Calibration(dict(enumerate(costs, 1))))
+        report(policy, 0, 0, 0.0, costs[0])  # plain decoding is timed first
+        return asked(policy, "edit-unseen")
+
+    assert never_seen_k(tuning.deficit_prior) < never_seen_k(tuning.prior_acceptance)
+    policy = AutoDraftLength(tuning)
+    policy.calibrate(Calibration(dict(enumerate(costs, 1))))
+    policy.start_turn()
+    report(policy, 0, 0, 0.0, costs[0], scores=(ShadowScore("edit-0", 16, 2),))
+    lost, spent = 0.0, costs[0]
+    while lost <= tuning.loss_budget * spent:
+        k = asked(policy, "edit-0")
+        assert k > 0, "the failing kind stopped drafting before the reply lost its budget"
+        report(policy, k, 0, 0.0, costs[k], "edit-0", (ShadowScore("edit-0", 16, 0),))
+        lost, spent = lost + costs[k] - costs[0], spent + costs[k]
+    assert asked(policy, "edit-unseen") == never_seen_k(tuning.deficit_prior)

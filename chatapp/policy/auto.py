@@ -158,8 +158,9 @@ class AutoDraftLength:
             self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
             touched = {score.source for score in outcome.scores}
-            if self._count_turn(outcome):
+            if self._count_turn(outcome):  # the prior changed: every source, seen or not
                 touched |= set(self._arms)
+                self._new_ks_known = False
             if k == 0:
                 self._last_plain = self._step
             else:

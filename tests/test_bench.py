@@ -74,6 +74,20 @@ def test_ratios_are_against_the_target_only_row(tmp_path: Path) -> None:
         assert summary["ratio_min"] == pytest.approx(min(ratios))
 
 
+def test_each_row_says_what_each_drafting_source_did(tmp_path: Path) -> None:
+    _, _, data = run_bench(tmp_path, default_specs([2]))
+    for row in data["rows"]:
+        tallies = row["by_source"]
+        assert sum(t["steps"] for t in tallies.values()) == row["target_calls"] - int(
+            row["drafted_per_step"].get("0", 0))
+        assert sum(t["drafted"] for t in tallies.values()) == row["drafted"]
+        assert sum(t["accepted"] for t in tallies.values()) == row["accepted"]
+        if row["config"] == "K=2":
+            assert set(tallies) == {"model"} and tallies["model"]["draft_s"] > 0
+        if row["config"] == "target":
+            assert tallies == {}
+
+
 def test_target_row_is_added_when_missing(tmp_path: Path) -> None:
     _, _, data = run_bench(tmp_path, [RunSpec("ngram")], warmup=False)
     assert [s["config"] for s in data["summary"]] == ["target", "ngram auto"]

@@ -25,9 +25,28 @@ from chatapp.engine.stats import TurnStats, decode_tokens_per_s
 
 
 @dataclass
+class SourceTally:
+    """What one drafting source did in a run: the steps it drafted, the tokens it drafted and
+    had accepted, and the seconds its drafting took."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+
+    def add(self, drafted: int, accepted: int, draft_s: float) -> None:
+        """Count one step where this source drafted ``drafted`` tokens."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+
+
+@dataclass
 class Run:
     """One decoding of one prompt: the tokens, the engine's statistics, why it ended, how many
-    steps drafted how many tokens, the policy's label and the seconds inside the model calls."""
+    steps drafted how many tokens, the policy's label, the seconds inside the model calls and
+    what each source that drafted did."""
 
     output: list[int]
     stats: TurnStats
@@ -35,6 +54,7 @@ class Run:
     drafted_per_step: Counter
     policy: str
     model_s: float = 0.0
+    by_source: dict[str, SourceTally] = field(default_factory=dict)
 
     @property
     def speed(self) -> float:
@@ -101,6 +121,7 @@ class Row:
     finish_reason: str
     policy: str
     drafted_per_step: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, dict[str, float]] = field(default_factory=dict)  # SourceTally's fields
     repeat_tokens_per_s: list[float] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     round_ratios: list[float] = field(default_factory=list)
@@ -168,6 +189,8 @@ def make_row(prompt: BenchPrompt, name: str, runs: Sequence[Run], references: Se
         same_as_target=same, identical=run.output == reference.output,
         finish_reason=run.finish_reason, policy=run.policy,
         drafted_per_step={str(k): v for k, v in sorted(run.drafted_per_step.items())},
+        by_source={source: dataclasses.asdict(tally)
+                   for source, tally in sorted(run.by_source.items())},
         repeat_tokens_per_s=[run.speed for run in runs], output=list(run.output),
         round_ratios=ratios, ratio_low=min(ratios), ratio_high=max(ratios), memory=memory)
 

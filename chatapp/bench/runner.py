@@ -19,7 +19,7 @@ from chatapp.backends.threads import ThreadChoice, available_cores
 from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.policy_memory import MemoryState, PolicyMemory, memory_state, spec_config
-from chatapp.bench.report import Row, Run, RunRecord, compared_to, make_row
+from chatapp.bench.report import Row, Run, RunRecord, SourceTally, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_settings import generation_settings
@@ -321,6 +321,7 @@ class Bench:
         _, events = session.reply(messages, policy, overrides=overrides)
         output: list[int] = []
         drafted: Counter = Counter()
+        by_source: dict[str, SourceTally] = {}
         done: DoneEvent | None = None
         model_before = _model_seconds(self.backends.target, self.backends.draft)
         for event in events:
@@ -328,12 +329,16 @@ class Bench:
                 output.append(event.id)
             elif isinstance(event, StepEvent):
                 drafted[event.drafted] += 1
+                if event.drafted:
+                    by_source.setdefault(event.source, SourceTally()).add(
+                        event.drafted, event.accepted, event.draft_s)
             elif isinstance(event, DoneEvent):
                 done = event
         assert done is not None
         model_s = _model_seconds(self.backends.target, self.backends.draft) - model_before
         label = k_label(policy.current_k(), policy.adaptive)
-        return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s)
+        return Run(output, done.stats, done.finish_reason.value, drafted, label, model_s,
+                   by_source)
 
     def _log_run(self, number: int, total: int, prompt: BenchPrompt, name: str, run: Run) -> None:
         print(f"[{number}/{total}] {prompt.id:<16} {name:<18} {run.stats.tokens:4d} tokens "

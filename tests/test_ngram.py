@@ -9,6 +9,7 @@ import chatapp.assembly.loader as loader
 import chatapp.policy.draft_length as draft_length
 from chatapp.backends.fake import FakeBackend
 from chatapp.drafters.combined import NgramModelDrafter
+from chatapp.drafters.edits import CONFIDENT_RUN, LONG_RUN
 from chatapp.drafters.lookup import Lookaheads, NgramDrafter, NgramIndex
 from chatapp.drafters.model import ModelDrafter
 from chatapp.engine.contracts import NO_HINTS, DraftBudget, one_hot_rows
@@ -187,6 +188,31 @@ def test_shadow_scoring_reports_would_be_acceptance() -> None:
         ("ngram", 3, 1, 0, False), ("ngram", 3, 1, 1, True)]
     # each score is handed over once
     assert drafter.propose(context, DraftBudget.uniform(0), GREEDY, RNG).scores == ()
+
+
+def test_a_copy_growing_through_the_edit_rungs_is_scored_under_each_rung() -> None:
+    # The edits' kinds say how long the cursor's run is: a copy starts as "edit-new", is
+    # "edit-run" from 4 matched tokens and "edit-run-long" from 12. Each rung must be scored
+    # from the step where the edits would propose it, though the proposal the copy started
+    # with (16 tokens of "edit-new") is still pending then: the longer rungs are what drafts.
+    source = list(range(10, 50))
+    context = [1, 2, *source, 3, 4]
+    drafter = NgramDrafter(vocab_size=100, kind_by_context=False)
+    drafter.prefill(context, NO_HINTS)
+    told: list[set[tuple[str, int]]] = []  # (kind, positions matched) told at each step
+    for token in source[:24]:
+        proposal = drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG)
+        assert all(s.matched == s.start + 1 for s in proposal.scores)  # one position a token
+        told.append({(s.source, s.matched) for s in proposal.scores if s.source[:4] == "edit"})
+        context.append(token)
+
+    def step_telling(kind: str, matched: int) -> int:
+        return next(step for step, scores in enumerate(told) if (kind, matched) in scores)
+
+    # a rung's first position is decided by the token after the run reached it
+    assert step_telling("edit-run", 1) == step_telling("edit-new", CONFIDENT_RUN + 1)
+    assert step_telling("edit-run-long", 1) == step_telling("edit-new", LONG_RUN + 1)
+    assert step_telling("edit-new", 16)  # the first proposal is scored to its end as well
 
 
 def test_make_drafter_ngram_does_not_load_a_draft_model(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -167,47 +167,85 @@ class EditsSource:
         return Candidate(tokens, kind)
 
 
-class ShadowReplay:
-    """One source's would-be speculation at every step, replayed over the emitted tokens: at
-    ``at`` it would have proposed ``proposal`` (of ``kind``); ``settle`` scores it."""
+@dataclass
+class _Pending:
+    """A would-be proposal still being scored: made at ``at``, ``counted`` positions told."""
 
-    def __init__(self, source: Source, lookahead: int, at: int = 0) -> None:
+    at: int
+    proposal: list[int]
+    kind: str
+    counted: int = 0
+
+    def settle(self, tokens: Sequence[int]) -> tuple[ShadowScore | None, bool]:
+        """What the emitted ``tokens`` newly decided of it (None: nothing new), and whether
+        that decided it whole (a mismatch or its end)."""
+        known = len(tokens) - self.at
+        matched = 0
+        while (matched < min(known, len(self.proposal))
+               and tokens[self.at + matched] == self.proposal[matched]):
+            matched += 1
+        counted = self.counted
+        if matched < len(self.proposal) and matched == known:  # every emitted token matched
+            if matched == counted:
+                return None, False
+            self.counted = matched
+            return ShadowScore(self.kind, len(self.proposal), matched, counted, False), False
+        self.counted = matched
+        return ShadowScore(self.kind, len(self.proposal), matched, counted), True
+
+
+class ShadowReplay:
+    """One source's would-be speculation at every step, replayed over the emitted tokens.
+
+    While idle, the next step would have proposed what the source proposes there; that proposal
+    is scored as the tokens arrive (``settle``) until a mismatch or its end decides it, and the
+    step after it starts the next.
+
+    ``rungs``: the source's kinds are rungs of one cursor's run (the edits', a prediction's:
+    "edit-new", "edit-run", "edit-run-long" as the copy grows). Then, while proposals are
+    pending, a step where the source would propose a rung none of them has starts one more, so
+    that each rung is judged on the steps where the source offers it; else a copy growing
+    through the rungs would score only the rung it started on, and every longer rung would
+    draft on the prior alone. (A lookup's or the suffix index's kinds are other matches, not
+    one growing: theirs stay one proposal at a time.)"""
+
+    def __init__(self, source: Source, lookahead: int, at: int = 0, rungs: bool = False) -> None:
         self.source = source
         self.lookahead = lookahead
-        self.at = at
-        self.proposal: list[int] = []
-        self.kind = ""
-        self.counted = 0  # positions of the pending proposal already scored
+        self.rungs = rungs
+        self.at = at  # where the next proposal starts while none is pending
+        self.pending: list[_Pending] = []
 
     def start_if_due(self, context: Sequence[int]) -> None:
         """Make the would-be proposal of a step starting after ``context``, if one starts
         there."""
-        if len(context) == self.at and not self.proposal:
+        if self.pending:
+            if self.rungs:
+                candidate = self.source.propose(context, self.lookahead)
+                if candidate.tokens and all(p.kind != candidate.kind for p in self.pending):
+                    self.pending.append(_Pending(len(context), candidate.tokens, candidate.kind))
+        elif len(context) == self.at:
             candidate = self.source.propose(context, self.lookahead)
-            self.proposal, self.kind = candidate.tokens, candidate.kind
-            if not self.proposal:
+            if candidate.tokens:
+                self.pending.append(_Pending(len(context), candidate.tokens, candidate.kind))
+            else:
                 self.at += 1  # no proposal: that step would have been plain
 
-    def settle(self, tokens: Sequence[int]) -> ShadowScore | None:
-        """What the emitted ``tokens`` newly decided of the pending proposal: its final score
-        once a mismatch or its end decides it, else a partial one for the positions that
-        matched since the last score; None when nothing new is known or idle."""
-        proposal, start = self.proposal, self.at
-        if not proposal:
-            return None
-        known = len(tokens) - start
-        matched = 0
-        while matched < min(known, len(proposal)) and tokens[start + matched] == proposal[matched]:
-            matched += 1
-        counted = self.counted
-        if matched < len(proposal) and matched == known:  # every emitted token so far matched
-            if matched == counted:
-                return None
-            self.counted = matched
-            return ShadowScore(self.kind, len(proposal), matched, counted, settled=False)
-        self.at = start + matched + 1  # the target's own token follows the accepted ones
-        self.proposal, self.counted = [], 0
-        return ShadowScore(self.kind, len(proposal), matched, counted)
+    def settle(self, tokens: Sequence[int]) -> list[ShadowScore]:
+        """What the emitted ``tokens`` newly decided of the pending proposals: the final score
+        of each that a mismatch or its end decided, partial ones for the positions that matched
+        since the last score."""
+        scores, still = [], []
+        for pending in self.pending:
+            score, decided = pending.settle(tokens)
+            if score is not None:
+                scores.append(score)
+            if decided:  # the target's own token follows the accepted ones
+                self.at = max(self.at, pending.at + pending.counted + 1)
+            else:
+                still.append(pending)
+        self.pending = still
+        return scores
 
 
 @dataclass(frozen=True)
@@ -349,12 +387,10 @@ class NgramDrafter:
     def _settle(self) -> None:
         """Keep the scores the latest token decided; the lookup's sets its streak."""
         for replay in self._replays:
-            scored = replay.settle(self.context)
-            if scored is None:
-                continue
-            self._scores.append(scored)
-            if replay.source is self._lookup and scored.settled:
-                self._lookup.scored(scored)
+            for scored in replay.settle(self.context):
+                self._scores.append(scored)
+                if replay.source is self._lookup and scored.settled:
+                    self._lookup.scored(scored)
 
     def _new_replays(self, at: int) -> list[ShadowReplay]:
         """A replay per source, from position ``at``: the lookup, the edits, the suffix index,
@@ -362,9 +398,9 @@ class NgramDrafter:
         ahead = self.lookaheads
         replays = [ShadowReplay(self._lookup, ahead.lookup, at)]
         if self._tracker is not None:
-            replays.append(ShadowReplay(self._tracker, ahead.edits, at))
+            replays.append(ShadowReplay(self._tracker, ahead.edits, at, rungs=True))
         if self.suffix is not None:
             replays.append(ShadowReplay(self.suffix, ahead.suffix, at))
         if self.prediction is not None:
-            replays.append(ShadowReplay(self.prediction, ahead.edits, at))
+            replays.append(ShadowReplay(self.prediction, ahead.edits, at, rungs=True))
         return replays

@@ -49,7 +49,7 @@ from chatapp.chat.session import ChatSession, ReplyOverrides
 from chatapp.chat.tools import NO_TOOLS, Tools
 from chatapp.engine.contracts import source_family
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
-from chatapp.engine.stats import TurnStats
+from chatapp.engine.stats import SourceTally, TurnStats
 from chatapp.errors import UserFacingError
 from chatapp.grammar.matcher import GrammarError
 from chatapp.policy.draft_length import DraftLength
@@ -59,7 +59,7 @@ from chatapp.text_budget import PromptCancelled, PromptOverLimit
 SessionFactory = Callable[[Config, LoadProgress], ChatSession]
 __all__ = ["ChatExchange", "ExchangeDone", "ExchangeRequest", "ExchangeResult", "ExchangeStarted",
            "FimUnsupportedError", "GrammarError", "PredictionTooLongError", "PromptCancelled",
-           "PromptTooLongError", "RawText", "ReplyDelta", "ReplyGrammar", "SourceCounts",
+           "PromptTooLongError", "RawText", "ReplyDelta", "ReplyGrammar", "SourceTally",
            "open_exchange"]
 log = logging.getLogger(__name__)
 
@@ -124,15 +124,6 @@ class ReplyDelta:
         return "".join(text for text, _ in self.pieces)
 
 
-@dataclass
-class SourceCounts:
-    """What one family of sources ("prediction", "edit", "suffix", "ngram", "model") drafted."""
-
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-
 @dataclass(frozen=True)
 class ExchangeResult:
     """The reply and its figures. ``finish_reason``: ``STOP`` (the model's end or a stop
@@ -148,7 +139,7 @@ class ExchangeResult:
     finish_reason: Ending
     stats: TurnStats
     k: DraftLengthUse
-    sources: dict[str, SourceCounts] = field(default_factory=dict)
+    sources: dict[str, SourceTally] = field(default_factory=dict)
     prediction_tokens: int | None = None
     accepted_prediction: int = 0
     rejected_prediction: int = 0
@@ -259,7 +250,7 @@ class _Reply:
         self.ks: list[int] = []  # each step's K
         self.pieces: list[Piece] = []
         self.ids: list[int] = []
-        self.sources: dict[str, SourceCounts] = {}
+        self.sources: dict[str, SourceTally] = {}
         self.done: DoneEvent | None = None
 
     def take(self, event: object, cancel: threading.Event) -> ReplyDelta | None:
@@ -277,10 +268,8 @@ class _Reply:
             self.ks.append(event.k)
             if not event.drafted:
                 return None
-            counts = self.sources.setdefault(source_family(event.source), SourceCounts())
-            counts.steps += 1
-            counts.drafted += event.drafted
-            counts.accepted += event.accepted
+            self.sources.setdefault(source_family(event.source), SourceTally()).add(
+                event.drafted, event.accepted, event.draft_s)
         elif isinstance(event, DoneEvent):
             self.done = event
         return None

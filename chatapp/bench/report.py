@@ -21,25 +21,7 @@ from chatapp.bench.rounds import (
 )
 from chatapp.bench.specs import TARGET, BenchPrompt
 from chatapp.engine.kv import common_prefix_length
-from chatapp.engine.stats import TurnStats, decode_tokens_per_s
-
-
-@dataclass
-class SourceTally:
-    """What one drafting source did in a run: the steps it drafted, the tokens it drafted and
-    had accepted, and the seconds its drafting took."""
-
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-
-    def add(self, drafted: int, accepted: int, draft_s: float) -> None:
-        """Count one step where this source drafted ``drafted`` tokens."""
-        self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.draft_s += draft_s
+from chatapp.engine.stats import SourceTally, TurnStats, decode_tokens_per_s
 
 
 @dataclass

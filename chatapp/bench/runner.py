@@ -19,7 +19,7 @@ from chatapp.backends.threads import ThreadChoice, available_cores
 from chatapp.bench.baseline import BASELINE, Launcher, baseline_row
 from chatapp.bench.hf_reference import HF_ASSISTED, hf_assisted
 from chatapp.bench.policy_memory import MemoryState, PolicyMemory, memory_state, spec_config
-from chatapp.bench.report import Row, Run, RunRecord, SourceTally, compared_to, make_row
+from chatapp.bench.report import Row, Run, RunRecord, compared_to, make_row
 from chatapp.bench.specs import NO_EDITS, TARGET, BenchPrompt, RunSpec
 from chatapp.chat.message import ChatMessage
 from chatapp.chat.reply_settings import generation_settings
@@ -29,6 +29,7 @@ from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import Drafter, DraftPolicy
 from chatapp.engine.events import DoneEvent, StepEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
+from chatapp.engine.stats import SourceTally
 from chatapp.settings.config import Config, rpc_label
 
 WARMUP_TOKENS = 24

@@ -108,6 +108,24 @@ class ReplayStats:
 
 
 @dataclass
+class SourceTally:
+    """What one drafting source (or family of sources) did in a reply: the steps it drafted, the
+    tokens it drafted and had accepted, and the seconds its drafting took."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+
+    def add(self, drafted: int, accepted: int, draft_s: float) -> None:
+        """Count one step where this source drafted ``drafted`` tokens."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+
+
+@dataclass
 class StatsRecorder:
     """Mutable accumulator the engine fills during a turn; ``snapshot`` freezes it."""
 

@@ -153,27 +153,27 @@ class AutoDraftLength:
             k = outcome.drafted
             self._step += 1
             forget = self.tuning.throughput_forget
+            seconds = max(outcome.draft_s + outcome.verify_s, 0.0)
             self._tokens = forget * self._tokens + outcome.accepted + 1
-            self._seconds = forget * self._seconds + max(outcome.draft_s + outcome.verify_s, 0.0)
+            self._seconds = forget * self._seconds + seconds
             self._count_exploring(k + 1, outcome.accepted + 1, outcome.verify_s)
             self._verify.observe(k + 1, outcome.verify_s)
             touched = {score.source for score in outcome.scores}
-            if self._count_turn(outcome):  # the prior changed: every source, seen or not
-                touched |= set(self._arms)
-                self._new_ks_known = False
+            prior_changed = self._count_turn(k, outcome.accepted + 1, seconds)
             if k == 0:
                 self._last_plain = self._step
             else:
                 kind = outcome.source or MODEL_SOURCE
                 touched.add(kind)
                 self._arm(kind).observe_draft(k, outcome.accepted, outcome.draft_s, self._step)
-            self._redecide(touched)
+            self._redecide(touched, everyone=prior_changed)
 
-    def _redecide(self, touched: set[str]) -> None:
+    def _redecide(self, touched: set[str], everyone: bool = False) -> None:
         """Decide again for the sources ``touched`` by the latest step (what was learnt of them
-        changed), and every ``redecide_every`` steps for all (costs and throughput move
-        slowly); keep what a source with no record would draft (``_new_ks``)."""
-        everyone = self._step % self.tuning.redecide_every == 0
+        changed), and for all, seen or not, when ``everyone`` (what they are judged on changed)
+        and every ``redecide_every`` steps (costs and throughput move slowly); keep what a
+        source with no record would draft (``_new_ks``)."""
+        everyone = everyone or self._step % self.tuning.redecide_every == 0
         for kind, arm in self._arms.items():
             if everyone or kind in touched:
                 self._decide(arm)
@@ -205,18 +205,16 @@ class AutoDraftLength:
         with self._lock:
             self._verify.calibrate(calibration.verify)
             self._draft_token = calibration.draft_token
-            self._new_ks_known = False
-            self._redecide(set(self._arms))
+            self._redecide(set(), everyone=True)
 
-    def _count_turn(self, outcome: StepOutcome) -> bool:
-        """Add a step to this reply's time and, for a drafting step, what it lost against plain
-        decoding of the tokens it emitted (``_lost_to_plain``); True when that moved the reply
-        into or out of deficit (``_in_deficit``)."""
+    def _count_turn(self, drafted: int, emitted: int, seconds: float) -> bool:
+        """Add a step of ``seconds`` to this reply's time and, for a drafting step, what it lost
+        against plain decoding of the ``emitted`` tokens (``_lost_to_plain``); True when that
+        moved the reply into or out of deficit (``_in_deficit``: the prior changed)."""
         was = self._in_deficit()
-        seconds = max(outcome.draft_s + outcome.verify_s, 0.0)
         self._turn_s += seconds
-        lost = self._lost_to_plain(outcome.accepted + 1, seconds)
-        if outcome.drafted and lost is not None:
+        lost = self._lost_to_plain(emitted, seconds)
+        if drafted and lost is not None:
             self._turn_lost_s += lost
         return self._in_deficit() != was
 

@@ -96,9 +96,9 @@ def replay_auto(drafter: NgramDrafter, prompt: Sequence[int], reply: Sequence[in
         while matched < len(proposal) and proposal[matched] == reply[at + matched]:
             matched += 1
         step_s = costs[len(proposal)]
-        policy.observe(StepOutcome(drafted.source, len(proposal), matched, 0.0, step_s,
-                                   drafted.scores))
         context.extend(reply[at:at + matched + 1])
+        policy.observe(StepOutcome(drafted.source, len(proposal), matched, 0.0, step_s,
+                                   drafter.score_emitted(context)))
         at += matched + 1
         seconds += step_s
     return len(reply) * costs[0] / seconds

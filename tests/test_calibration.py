@@ -125,6 +125,9 @@ class FixedProposals:
         tokens = self.tokens[:budget.for_source("ngram")]
         return Proposal.one_hot(tokens, FakeBackend().vocab_size, "ngram")
 
+    def score_emitted(self, context) -> tuple:
+        return ()
+
     def rollback(self, context, verified) -> None:
         pass
 

@@ -12,7 +12,14 @@ from chatapp.drafters.combined import NgramModelDrafter
 from chatapp.drafters.edits import CONFIDENT_RUN, LONG_RUN
 from chatapp.drafters.lookup import Lookaheads, NgramDrafter, NgramIndex
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import NO_HINTS, DraftBudget, one_hot_rows
+from chatapp.engine.contracts import (
+    NO_HINTS,
+    DraftBudget,
+    Proposal,
+    ShadowScore,
+    StepOutcome,
+    one_hot_rows,
+)
 from chatapp.engine.events import DoneEvent, TokenEvent
 from chatapp.engine.loop import GenerationSettings, SpeculativeEngine
 from chatapp.engine.sampling import SamplingParams
@@ -178,16 +185,16 @@ def test_shadow_scoring_reports_would_be_acceptance() -> None:
     drafter.prefill(context, NO_HINTS)
     # "9" has no earlier match: a plain would-be step. Then 1 2 3 4 repeats after 1 ...
     context += [1, 2, 3, 4, 5, 1, 2, 7]
-    proposal = drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG)
-    assert proposal.tokens == []  # a budget of 0: consulted for its scores only
+    assert drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG).tokens == []
+    scores = drafter.score_emitted(context)
     # at "9 1": lookup of "1" gives 2 3 4 -> all matched (3/3); 5 is the target's token;
     # at "...5 1": lookup "5 1"? no; "1" -> most recent continuation 2 3 4: 2 matches, 7 not.
     # Each position is told as soon as a token decides it (partial scores, then the final one).
-    assert [(s.source, s.proposed, s.matched, s.start, s.settled) for s in proposal.scores] == [
+    assert [(s.source, s.proposed, s.matched, s.start, s.settled) for s in scores] == [
         ("ngram", 3, 1, 0, False), ("ngram", 3, 2, 1, False), ("ngram", 3, 3, 2, True),
         ("ngram", 3, 1, 0, False), ("ngram", 3, 1, 1, True)]
     # each score is handed over once
-    assert drafter.propose(context, DraftBudget.uniform(0), GREEDY, RNG).scores == ()
+    assert drafter.score_emitted(context) == ()
 
 
 def test_a_copy_growing_through_the_edit_rungs_is_scored_under_each_rung() -> None:
@@ -201,9 +208,9 @@ def test_a_copy_growing_through_the_edit_rungs_is_scored_under_each_rung() -> No
     drafter.prefill(context, NO_HINTS)
     told: list[set[tuple[str, int]]] = []  # (kind, positions matched) told at each step
     for token in source[:24]:
-        proposal = drafter.propose(context, DraftBudget({}, 0, consult=True), GREEDY, RNG)
-        assert all(s.matched == s.start + 1 for s in proposal.scores)  # one position a token
-        told.append({(s.source, s.matched) for s in proposal.scores if s.source[:4] == "edit"})
+        scores = drafter.score_emitted(context)
+        assert all(s.matched == s.start + 1 for s in scores)  # one position a token
+        told.append({(s.source, s.matched) for s in scores if s.source[:4] == "edit"})
         context.append(token)
 
     def step_telling(kind: str, matched: int) -> int:
@@ -279,3 +286,49 @@ def test_specchat_run_gives_the_drafters_scores_to_the_auto_policy(
     assert len(policies) == 1
     sources = policies[0].learnt()["arms"]
     assert sources and all(kind.startswith(("ngram", "edit")) for kind in sources)
+
+
+class _ContextScorer:
+    """A drafter that proposes nothing and scores one would-be proposal per call, named after
+    the length of the context it was given."""
+
+    name = "scorer"
+
+    def prefill(self, context, hints) -> None:
+        pass
+
+    def propose(self, context, budget, params, rng):
+        return Proposal.empty(FakeBackend().vocab_size)
+
+    def score_emitted(self, context) -> tuple[ShadowScore, ...]:
+        return (ShadowScore(f"after-{len(context)}", 1, 1),)
+
+    def rollback(self, context, verified) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Recording(FixedDraftLength):
+    """A learning policy's view of the engine: every outcome, in order."""
+
+    adaptive = True
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.outcomes: list[StepOutcome] = []
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def test_a_step_outcome_carries_the_scores_its_own_tokens_decided() -> None:
+    # The policy chooses the next budget right after a step's outcome: a free source whose
+    # proposal failed at its first token must be told so in that outcome, not a step later
+    # (a 15-token draft failing twice in a row cost the edits 6% of the held-out replies).
+    policy = _Recording()
+    _run(SpeculativeEngine(FakeBackend(), _ContextScorer()), PROMPT, policy, max_tokens=12)
+    lengths = [len(PROMPT) + emitted for emitted in range(1, len(policy.outcomes) + 1)]
+    assert [outcome.scores for outcome in policy.outcomes] == [
+        (ShadowScore(f"after-{n}", 1, 1),) for n in lengths]

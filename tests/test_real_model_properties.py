@@ -49,6 +49,7 @@ from chatapp.engine.contracts import (
     Drafter,
     DraftHints,
     Proposal,
+    ShadowScore,
     StepOutcome,  # noqa: E402
 )
 from chatapp.engine.events import DoneEvent, FinishReason, PromptEvent, StepEvent, TokenEvent  # noqa: E402
@@ -147,6 +148,9 @@ class SpyDrafter:
 
     def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
         self.inner.prefill(context, hints)
+
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        return self.inner.score_emitted(context)
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.inner.rollback(context, verified)

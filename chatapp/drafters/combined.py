@@ -4,13 +4,18 @@ index, prompt lookup: ``chatapp.drafters.lookup``) when there is one, else the d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from chatapp.drafters.lookup import NgramDrafter
 from chatapp.drafters.model import ModelDrafter
-from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, DraftHints, Proposal
+from chatapp.engine.contracts import (
+    MODEL_SOURCE,
+    DraftBudget,
+    DraftHints,
+    Proposal,
+    ShadowScore,
+)
 from chatapp.engine.sampling import SamplingParams
 
 
@@ -35,6 +40,9 @@ class NgramModelDrafter:
         self.ngram.prefill(context, hints)
         self.model.prefill(context, hints)
 
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        return self.ngram.score_emitted(context)
+
     def rollback(self, context: Sequence[int], verified: int) -> None:
         self.model.rollback(context, verified)
 
@@ -47,8 +55,7 @@ class NgramModelDrafter:
         proposal = self.ngram.proposal(self.ngram.choose(budget))
         if proposal.tokens:
             return self._filled(context, proposal, budget.most, params, rng)
-        drafted = self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
-        return replace(drafted, scores=proposal.scores)
+        return self.model.draft(context, budget.for_source(MODEL_SOURCE), params, rng)
 
     def _filled(self, context: Sequence[int], proposal: Proposal, k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
@@ -58,5 +65,5 @@ class NgramModelDrafter:
             return proposal
         more = self.model.draft(list(context) + tokens, k - len(tokens), params, rng)
         return Proposal(tokens + more.tokens, np.concatenate([proposal.probs, more.probs]),
-                        proposal.source, proposal.scores)
+                        proposal.source)
 

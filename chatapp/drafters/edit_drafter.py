@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.drafters.edits import EDIT_KIND, EditTracker
-from chatapp.engine.contracts import DraftBudget, DraftHints, Proposal
+from chatapp.engine.contracts import DraftBudget, DraftHints, Proposal, ShadowScore
 from chatapp.engine.sampling import SamplingParams
 
 
@@ -28,6 +28,11 @@ class EditDrafter:
     def prefill(self, context: Sequence[int], hints: DraftHints) -> None:
         self.sync(context)
         self.tracker.start_reply()
+
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        """Feed ``context``; no scores (on its own, the tracker drafts at the budget's K)."""
+        self.sync(context)
+        return ()
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         """Nothing: the tracker holds emitted tokens only, never drafts."""

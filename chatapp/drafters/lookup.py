@@ -18,8 +18,9 @@ the engine's contexts extend each other, as the ``Drafter`` contract says.
 
 Because the proposals cost nothing, the drafter can also tell how they would have fared: it
 replays "speculate with ``lookahead`` tokens at every step" for each source over the tokens that
-were emitted (``ShadowReplay``) and returns each would-be step as a ``ShadowScore`` with its next
-proposal, which the engine passes to the policy, even while the policy is not drafting. Matching
+were emitted (``ShadowReplay``) and returns each would-be step as a ``ShadowScore`` from
+``score_emitted``, which the engine calls after every step and passes to the policy with the
+step's outcome, even while the policy is not drafting. Matching
 a token the target emitted is an unbiased draw of the acceptance of a one-hot proposal (the
 target emitted x with probability p(x), which is the acceptance probability), so the policy
 learns the true acceptance rate at K = 0 and switches back on as soon as the text starts
@@ -278,7 +279,7 @@ class NgramDrafter:
         self._lookup = LookupSource(min_n, max_n, kind, kind_by_context)
         self._tracker = self._new_edits()
         self.prediction: PredictionSource | None = None  # the reply's, from its prefill on
-        self._scores: list[ShadowScore] = []  # settled since the last proposal
+        self._scores: list[ShadowScore] = []  # settled since the last score_emitted
         self._replays = self._new_replays(0)
 
     @property
@@ -336,13 +337,18 @@ class NgramDrafter:
                                        self._lookup)))
 
     def proposal(self, candidate: Candidate) -> Proposal:
-        """``candidate`` as a one-hot proposal, with the shadow scores settled since the last
-        proposal."""
+        """``candidate`` as a one-hot proposal."""
+        if not candidate.tokens:
+            return Proposal.empty(self.vocab_size)
+        return Proposal.one_hot(candidate.tokens, self.vocab_size, candidate.kind)
+
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        """Feed ``context`` (``sync``, scoring) and hand over the shadow scores settled since
+        the last call."""
+        self.sync(context, score=True)
         scores = tuple(self._scores)
         self._scores.clear()
-        if not candidate.tokens:
-            return Proposal.empty(self.vocab_size, scores)
-        return Proposal.one_hot(candidate.tokens, self.vocab_size, candidate.kind, scores)
+        return scores
 
     def sync(self, context: Sequence[int], score: bool) -> None:
         """Feed every source the tokens of ``context`` not seen yet (all anew if it does not

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from chatapp.backends.base import Backend
-from chatapp.engine.contracts import MODEL_SOURCE, DraftBudget, DraftHints, Proposal
+from chatapp.engine.contracts import (
+    MODEL_SOURCE,
+    DraftBudget,
+    DraftHints,
+    Proposal,
+    ShadowScore,
+)
 from chatapp.engine.kv import evaluate_sequence, rollback_to_prefix
 from chatapp.engine.sampling import SamplingParams, greedy_tokens, probabilities, sample
 
@@ -35,6 +41,10 @@ class ModelDrafter:
             rollback_to_prefix(self.backend, context)
         else:
             evaluate_sequence(self.backend, context, 0)
+
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        """Nothing: the draft model does not score itself (it catches up when it drafts)."""
+        return ()
 
     def rollback(self, context: Sequence[int], verified: int) -> None:
         rollback_to_prefix(self.backend, context, verified)

@@ -123,32 +123,30 @@ class Proposal:
     ``rows`` (len(tokens), V): row i is the distribution tokens[i] was drawn from; None for a
     deterministic proposal (one-hot rows over ``vocab_size`` tokens, built only if ``probs`` is
     read: greedy verification never does). ``source``: which source made the tokens ("" when
-    there are none); ``scores``: would-be outcomes a free drafter scored since its last call.
+    there are none).
     """
 
     tokens: list[int]
     rows: np.ndarray | None
     source: str = ""
-    scores: tuple[ShadowScore, ...] = ()
     vocab_size: int = 0
 
     @classmethod
-    def empty(cls, vocab_size: int, scores: tuple[ShadowScore, ...] = ()) -> "Proposal":
-        return cls.one_hot([], vocab_size, "", scores)
+    def empty(cls, vocab_size: int) -> "Proposal":
+        return cls.one_hot([], vocab_size, "")
 
     @classmethod
-    def one_hot(cls, tokens: list[int], vocab_size: int, source: str,
-                scores: tuple[ShadowScore, ...] = ()) -> "Proposal":
+    def one_hot(cls, tokens: list[int], vocab_size: int, source: str) -> "Proposal":
         """A deterministic proposal (an n-gram lookup, speculative edits)."""
-        return cls(tokens, None, source, scores, vocab_size)
+        return cls(tokens, None, source, vocab_size)
 
     def cut(self, n: int) -> "Proposal":
-        """The first ``n`` tokens of this proposal (with their rows and the scores); an empty
-        proposal, a plain step, for n = 0."""
+        """The first ``n`` tokens of this proposal (with their rows); an empty proposal, a plain
+        step, for n = 0."""
         if n >= len(self.tokens):
             return self
         rows = None if self.rows is None else self.rows[:n]
-        return Proposal(self.tokens[:n], rows, self.source if n else "", self.scores,
+        return Proposal(self.tokens[:n], rows, self.source if n else "",
                         self.vocab_size or (self.rows.shape[1] if self.rows is not None else 0))
 
     @cached_property
@@ -212,6 +210,14 @@ class Drafter(Protocol):
     def propose(self, context: Sequence[int], budget: DraftBudget, params: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         """At most ``budget.for_source(s)`` tokens from the one source ``s`` that proposes."""
+        ...
+
+    def score_emitted(self, context: Sequence[int]) -> tuple[ShadowScore, ...]:
+        """Take the tokens a step emitted (``context``, the reply so far, extends the contexts
+        given before) and return what they decided of the would-be proposals this drafter
+        scores for free (``ShadowScore``s, each told once; () for a drafter that does not score
+        itself). The engine calls it after every step, so the step's ``StepOutcome`` tells the
+        policy how the step's own proposal fared before it chooses the next budget."""
         ...
 
     def rollback(self, context: Sequence[int], verified: int) -> None:

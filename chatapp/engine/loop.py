@@ -39,6 +39,7 @@ from chatapp.engine.contracts import (
     DraftHints,
     DraftPolicy,
     Proposal,
+    ShadowScore,
     StepOutcome,
 )
 from chatapp.engine.events import (
@@ -232,9 +233,6 @@ class _Turn:
             proposal, n_accepted, next_token = self._verify_constrained(self.constraint, proposal)
         verify_s = self._clock() - started
         k = len(proposal.tokens)
-        self.stats.record_step(k, n_accepted, draft_s, verify_s)
-        self.policy.observe(StepOutcome(proposal.source, k, n_accepted, draft_s, verify_s,
-                                        proposal.scores))
         reason = None
         for token, source in _emitted(proposal.tokens, n_accepted, next_token):
             if token in self.target.stop_ids:
@@ -244,6 +242,11 @@ class _Turn:
             if self.emitted >= self.settings.max_tokens:
                 reason = FinishReason.LENGTH
                 break
+        scores, scoring_s = self._score_emitted()
+        draft_s += scoring_s
+        self.stats.record_step(k, n_accepted, draft_s, verify_s)
+        self.policy.observe(StepOutcome(proposal.source, k, n_accepted, draft_s, verify_s,
+                                        scores))
         stats = self.stats.snapshot(self.now - self.start, self.target.threads)
         return StepEvent(step, granted, k, n_accepted, draft_s, verify_s, proposal.source,
                          self.policy.adaptive, stats), reason
@@ -303,6 +306,17 @@ class _Turn:
         draft_s = self._clock() - started
         self.last_k = budget.for_source(proposal.source) if proposal.tokens else 0
         return proposal, self.last_k, draft_s
+
+    def _score_emitted(self) -> tuple[tuple[ShadowScore, ...], float]:
+        """The drafter's would-be outcomes that the step's emitted tokens decided
+        (``Drafter.score_emitted``), and the seconds that took (the drafter's work: counted
+        with the step's drafting); nothing for a policy that does not learn (a fixed K: its
+        plain steps stay plain decoding, and the drafter catches up when it is next asked)."""
+        if self.drafter is None or not self.policy.adaptive:
+            return (), 0.0
+        started = self._clock()
+        scores = self.drafter.score_emitted(self.tokens)
+        return scores, self._clock() - started
 
     def _verify(self, proposal: Proposal, masks: np.ndarray | None = None,
                 refused: np.ndarray | None = None) -> tuple[int, int]:

@@ -439,3 +439,20 @@ def test_a_source_never_seen_is_judged_on_the_deficit_prior_from_the_step_the_re
         report(policy, k, 0, 0.0, costs[k], "edit-0", (ShadowScore("edit-0", 16, 0),))
         lost, spent = lost + costs[k] - costs[0], spent + costs[k]
     assert asked(policy, "edit-unseen") == never_seen_k(tuning.deficit_prior)
+
+
+def test_a_draft_model_is_tried_only_where_its_best_gain_repays_its_catch_up() -> None:
+    # Before its first draft the draft model lacks the whole conversation: on the bench's EPYC
+    # that first draft fed 0.1-0.7 s. Here 2 drafts accepted at 90% would beat plain decoding by
+    # 5%, more than switch_margin but not enough to repay that catch-up within switch_horizon
+    # steps: the model is not tried. A draft model 3.6 times cheaper is.
+    verify = {1: .030, 2: .048, 3: .0556, **{n: .080 + .02 * (n - 4) for n in range(4, 18)}}
+
+    def model_k_after_a_plain_step(draft_token: float) -> int:
+        policy = AutoDraftLength()
+        policy.calibrate(Calibration(verify, draft_token))
+        report(policy, 0, 0, 0.0, verify[1])  # the first step re-times plain decoding
+        return policy.budget().for_source(MODEL_SOURCE)
+
+    assert model_k_after_a_plain_step(0.0109) == 0
+    assert model_k_after_a_plain_step(0.003) == Tuning().first_k

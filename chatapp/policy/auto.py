@@ -333,11 +333,27 @@ class AutoDraftLength:
         return not self._verify.calibrated or self._hopeful(arm)
 
     def _hopeful(self, arm: SourceArm) -> bool:
-        """Whether some K would beat plain decoding by ``switch_margin`` if ``arm``'s drafts
-        were accepted at ``optimistic_acceptance`` at least."""
+        """Whether some K would beat plain decoding by ``switch_margin`` and repay the catch-up
+        of a drafter that sat idle (``_catchup_share``) if ``arm``'s drafts were accepted at
+        ``optimistic_acceptance`` at least."""
         acceptance = [max(a, self.tuning.optimistic_acceptance) for a in self._acceptance(arm)]
-        rates = self._rates(arm, acceptance)
-        return len(rates) > 1 and max(rates[1:]) > rates[0] * (1 + self.tuning.switch_margin)
+        tokens, seconds = self._outlook(arm, acceptance)
+        if len(tokens) < 2:
+            return False
+        plain_rate = tokens[0] / seconds[0]
+        catchup = self._catchup_share(arm)
+        return any(tokens[k] - plain_rate * seconds[k]
+                   > (self.tuning.switch_margin * seconds[k] + catchup) * plain_rate
+                   for k in range(1, len(tokens)))
+
+    def _catchup_share(self, arm: SourceArm) -> float:
+        """Seconds per step, over ``switch_horizon`` steps, of the catch-up ``arm``'s drafter
+        must do before drafting: it feeds what it missed since it last drafted (at most a
+        horizon's worth: it catches up on the current context only), a horizon's worth when it
+        never drafted (it lacks the whole conversation); nothing for a free source."""
+        horizon = self.tuning.switch_horizon
+        idle = horizon if arm.drafted_steps == 0 else min(self._step - arm.last_drafted, horizon)
+        return arm.catchup_per_step(self._draft_token) * idle / horizon
 
     def _new_arm_k(self, shadowed: bool) -> int:
         """The K of a source with no record yet: a draft model (``shadowed`` False) or a source
@@ -425,10 +441,8 @@ class AutoDraftLength:
         best = max(range(1, len(values)), key=values.__getitem__)
         needed = 0.0
         if arm.k == 0:
-            # a drafter catches up on the current context only: at most a horizon's worth
-            idle = min(self._step - arm.last_drafted, self.tuning.switch_horizon)
-            catchup = arm.catchup_per_step() * idle / self.tuning.switch_horizon
-            needed = (self.tuning.switch_margin * seconds[best] + catchup) * rates[0]
+            needed = (self.tuning.switch_margin * seconds[best] + self._catchup_share(arm)
+                      ) * rates[0]
         k = best if values[best] - values[0] > needed else 0
         arm.cuts = _cuts(values[:k + 1]) if k and self._verify.calibrated else ()
         return k, rates
@@ -461,7 +475,7 @@ class AutoDraftLength:
                 loss = max(0.0, expected * (1.0 / rates[probe] - plain_step))
                 share = self.tuning.probe_budget if arm.hopeful else self.tuning.probe_budget / 4
                 budget = share * plain_step
-                catchup = arm.catchup_per_step()
+                catchup = arm.catchup_per_step(self._draft_token)
                 if catchup >= budget:
                     probe = 0  # catching up would cost more than probing may: stay plain
                 else:

@@ -116,12 +116,15 @@ class SourceArm:
     def draft_cost(self) -> float | None:
         return statistics.median(self.costs) if self.costs else None
 
-    def catchup_per_step(self) -> float:
+    def catchup_per_step(self, calibrated: float | None = None) -> float:
         """Seconds a probe's drafter needs per step it sat idle (``catchup_prior`` x the draft
-        cost per token until measured; nothing for a drafter that scores itself for free)."""
+        cost per token until measured, the ``calibrated`` one before it drafted; nothing for a
+        drafter that scores itself for free)."""
         if self.shadowed:
             return 0.0
         if self.catchup is not None:
             return self.catchup
         typical = self.draft_cost()
+        if typical is None:
+            typical = calibrated
         return self.tuning.catchup_prior * typical if typical is not None else 0.0

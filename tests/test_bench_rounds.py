@@ -18,6 +18,7 @@ from chatapp.bench import BenchBackends, BenchPrompt, PolicyMemory, RunSpec, ben
 from chatapp.bench.policy_memory import memory_state, spec_config
 from chatapp.bench.rounds import Spread, paired_ratios
 from chatapp.bench.runner import Bench
+from chatapp.engine.calibration import Calibration
 from chatapp.engine.contracts import MODEL_SOURCE
 from chatapp.policy.auto import AutoDraftLength
 from chatapp.policy.measurements import memory_path, remember
@@ -175,6 +176,16 @@ def test_the_json_names_the_cpu(tmp_path: Path) -> None:
     _, data = run_bench(tmp_path, [RunSpec(None)], PROMPTS[:1])
     assert isinstance(data["meta"]["cpu_has_amx"], bool) and data["meta"]["cpu_model"]
     assert data["meta"]["policy_memory"] == ["fresh"]
+
+
+def test_the_json_holds_the_costs_each_adaptive_configuration_started_from(
+        tmp_path: Path) -> None:
+    """What the policy chose depends on the curve it was calibrated with: the JSON keeps it."""
+    _, data = run_bench(tmp_path, [RunSpec(None), RunSpec("ngram")], PROMPTS[:1])
+    calibrations = data["meta"]["calibrations"]
+    assert set(calibrations) == {"ngram auto"}
+    verify = Calibration.from_data(calibrations["ngram auto"]).verify
+    assert min(verify) == 1 and all(seconds > 0 for seconds in verify.values())
 
 
 def test_policy_memory_flag() -> None:

@@ -26,7 +26,8 @@ as a reference row.
 rotated from round to round), and reports each ratio to target-only paired within a round, with its
 median and range over the rounds (``rounds``): a result, not a sample. An adaptive configuration
 starts every run from a new policy, from the memory the app keeps for its setup, or both, as two
-rows (``policy_memory``; the JSON says which, and what the memory held).
+rows (``policy_memory``; the JSON says which, and what the memory held, and the verification
+costs each adaptive configuration was calibrated with, ``calibrations``).
 The command-line flags that choose prompts and configurations are in ``chatapp.cli``.
 
 The package: ``specs`` (prompts and configurations), ``file_prompts`` (the code edits with their

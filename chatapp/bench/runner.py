@@ -360,6 +360,8 @@ class Bench:
                 "policy_memory": [memory.value for memory in self.memories],
                 "memory_states": {c.name: c.start.to_json() for c in self.configurations
                                   if c.start is not None},
+                "calibrations": {name: costs.as_data()
+                                 for name, costs in self._calibrations.items()},
                 "repeats": self.repeats, "rounds": self.repeats, "busy": self.busy,
                 "cpus": os.cpu_count(), "target_rpc": list(self.config.rpc),
                 "configs": self.names, **machine_facts(self.config)}

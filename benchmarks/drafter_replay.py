@@ -2,7 +2,7 @@
 target call at a fixed K, deterministic, no model evaluated (a busy machine cannot disturb it).
 
     python -m benchmarks.drafter_replay BENCH.json [--k 3,8,16] [--trace PROMPT_ID] [--history]
-        [--costs MS,MS,...]
+        [--costs MS,MS,...|calibrated]
 
 ``BENCH.json`` is ``specchat bench --json``'s file; its target-only rows carry the greedy reply.
 Each prompt is re-tokenized with the target's chat template (the model file is opened, not run).
@@ -126,6 +126,20 @@ def _measure(steps: Sequence[int], costs: Sequence[float] | None) -> float:
     return ceiling_speedup(steps, costs) if costs else sum(steps) / len(steps)
 
 
+def costs_from_option(option: str, data: dict, parser: argparse.ArgumentParser) -> list[float]:
+    """Seconds to verify n = 1, 2, ... tokens: ``option``'s milliseconds, or for "calibrated"
+    the calibration of the bench JSON ``data`` (``meta.calibrations``, one adaptive
+    configuration)."""
+    if option != "calibrated":
+        return [float(ms) / 1000 for ms in option.split(",")]
+    calibrations = data.get("meta", {}).get("calibrations", {})
+    if len(calibrations) != 1:
+        parser.error(f"--costs calibrated needs one calibration in the JSON, found "
+                     f"{len(calibrations)}")
+    verify = Calibration.from_data(next(iter(calibrations.values()))).verify
+    return [verify[n] for n in range(1, max(verify) + 1)]
+
+
 def _piece(target: Backend) -> Callable[[int], str]:
     return lambda token: target.token_bytes(token).decode("utf-8", "replace")
 
@@ -141,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto", action="store_true", help="with --costs: also replay the auto "
                         "policy (calibrated with the costs, fresh per prompt) on the same steps")
     parser.add_argument("--costs", help="comma-separated ms to verify n = 1, 2, ... tokens "
-                        "(`specchat bench --verify-costs`): print each K's ceiling speedup "
-                        "instead (an oracle cuts every proposal where it pays best)")
+                        "(`specchat bench --verify-costs`), or 'calibrated' for the costs the "
+                        "bench run's adaptive configuration was calibrated with: print each K's "
+                        "ceiling speedup instead (an oracle cuts every proposal where it pays "
+                        "best)")
     args = parser.parse_args(argv)
-    costs = [float(ms) / 1000 for ms in args.costs.split(",")] if args.costs else None
     data = json.loads(args.bench_json.read_text())
+    costs = costs_from_option(args.costs, data, parser) if args.costs else None
     conversation = "conversation" in data
     if conversation and args.history:
         parser.error("--history puts other chats in the index; a conversation's other turns "

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
-from benchmarks.drafter_replay import ceiling_speedup, conversation_chats, main, replay
+from benchmarks.drafter_replay import (
+    ceiling_speedup,
+    conversation_chats,
+    costs_from_option,
+    main,
+    replay,
+)
 from chatapp.backends.fake import FakeBackend
 from chatapp.chat.message import ChatMessage
 from chatapp.drafters.lookup import NgramDrafter
+from chatapp.engine.calibration import Calibration
 
 
 def test_replay_counts_the_target_calls_of_greedy_verification(capsys) -> None:
@@ -76,3 +84,16 @@ def test_the_auto_policy_replays_on_the_same_proposals_and_costs() -> None:
     speedup = replay_auto(NgramDrafter(64), prompt, quoted, policy, costs)
     ceiling = ceiling_speedup(replay(NgramDrafter(64), prompt, quoted, k=16, costs=costs), costs)
     assert 1.0 < speedup <= ceiling
+
+
+def test_the_costs_can_be_the_ones_the_bench_run_was_calibrated_with(tmp_path, capsys) -> None:
+    parser = argparse.ArgumentParser()
+    calibrated = Calibration({1: 0.025, 2: 0.04, 3: 0.05}, 0.01).as_data()
+    data = {"meta": {"calibrations": {"ngram+model auto": calibrated}}}
+    assert costs_from_option("calibrated", data, parser) == [0.025, 0.04, 0.05]
+    assert costs_from_option("25,40", data, parser) == [0.025, 0.04]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"meta": {"calibrations": {}}, "rows": []}))
+    with pytest.raises(SystemExit):
+        main([str(path), "--costs", "calibrated"])
+    assert "one calibration" in capsys.readouterr().err

@@ -62,6 +62,22 @@ def test_a_calibrated_cost_model_predicts_the_curve_scaled_by_the_load() -> None
     assert model.predict(3) == pytest.approx(0.24, rel=0.05)
 
 
+def test_one_slow_timing_of_a_cheap_batch_size_does_not_hide_it() -> None:
+    """The cost curve of docs/benchmarks.md: 16 tokens verify cheaper than 15 or 17. A first
+    16-token step that happens to take 1.5x its calibrated cost must not make 17 look cheaper
+    (the policy would then never verify 16 again); many such timings are the truth, and win."""
+    model = VerifyCostModel(17)
+    model.calibrate({n: 0.025 + 0.01 * (n - 1) for n in range(1, 18)} | {16: 0.14})
+    for _ in range(20):
+        model.observe(1, 0.025)
+    model.observe(16, 0.21)
+    assert model.predict(16) < model.predict(15) < model.predict(17)
+    for _ in range(10):
+        model.observe(16, 0.21)
+        model.observe(1, 0.025)
+    assert model.predict(16) == pytest.approx(0.21, rel=0.05)
+
+
 def test_ensure_calibration_measures_once_per_setup_and_machine(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     config = Config(target="fake", drafter="ngram")

@@ -16,6 +16,9 @@ WORTH_A_TRY = 0.95  # an exploring guess below this x the interpolation is offer
 STALE = 0.25  # an n whose weight aged below this is extrapolated again, and so tried again: a
 # cost measured dear once (the first exploring steps, a busy moment) is not believed for good
 LOAD_RANGE = 0.25, 4.0  # how far the machine's load may scale a calibrated curve, either way
+CALIBRATION_WEIGHT = 2.0  # timings a calibrated cost counts as beside an n's own (it is the
+# fastest of two timings: one slow first timing must not replace it, or a cheap batch size is
+# believed dear and never tried again)
 
 
 class VerifyCostModel:
@@ -48,7 +51,8 @@ class VerifyCostModel:
     machine, pair and layout: ``chatapp.engine.calibration``): an n without recent timings is
     then predicted by its calibrated cost, scaled by how the recent timings compare with the
     calibration (the machine's load of the moment, ``LOAD_RANGE`` at most), and nothing is
-    guessed or extrapolated.
+    guessed or extrapolated; an n with recent timings by their mean and that scaled cost, the
+    latter counting as ``CALIBRATION_WEIGHT`` timings.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
@@ -159,8 +163,8 @@ class VerifyCostModel:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
         if self.calibrated:
-            out = [self._mean[n] if self.measured(n) else self._calibrated_cost(n)
-                   for n in range(1, self.max_n + 1)]
+            load = self._load()
+            out = [self._calibrated_estimate(n, load) for n in range(1, self.max_n + 1)]
             return out, out
         measured = self._measured_ns()
         if not measured:
@@ -178,15 +182,30 @@ class VerifyCostModel:
                 explored.append(out[-1])
         return out, explored
 
+    def _calibrated_estimate(self, n: int, load: float) -> float:
+        """predict(n) of a calibrated model: the calibrated cost scaled by ``load``, averaged
+        with the recent timings of ``n`` if any (the calibration weighing ``CALIBRATION_WEIGHT``
+        timings)."""
+        calibrated = (self._calibrated[n] or 0.0) * load
+        if not self.measured(n):
+            return calibrated
+        weight = self._weight[n]
+        return (weight * self._mean[n] + CALIBRATION_WEIGHT * calibrated) / (
+            weight + CALIBRATION_WEIGHT)
+
     def _calibrated_cost(self, n: int) -> float:
-        """The calibrated cost of ``n`` tokens, scaled by the load of the moment: the recent
-        timings' weighted mean over what the calibration says of the same sizes."""
+        """The calibrated cost of ``n`` tokens, scaled by the load of the moment (``_load``)."""
+        return (self._calibrated[n] or 0.0) * self._load()
+
+    def _load(self) -> float:
+        """How the recent timings compare with the calibration: their weighted mean over what
+        the calibration says of the same sizes, within ``LOAD_RANGE``."""
         timed = calibrated = 0.0
         for m in self._measured_ns():
             timed += self._weight[m] * self._mean[m]
             calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
         load = timed / calibrated if calibrated > 0.0 else 1.0
-        return (self._calibrated[n] or 0.0) * min(max(load, LOAD_RANGE[0]), LOAD_RANGE[1])
+        return min(max(load, LOAD_RANGE[0]), LOAD_RANGE[1])
 
     def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:
         """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of

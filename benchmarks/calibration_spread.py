@@ -1,8 +1,8 @@
 """How much the calibration's cost curve moves between fresh starts: the target is loaded
 ``--trials`` times and its verification costs measured each time as the app does
-(``chatapp.engine.calibration.measure``). Prints, per trial, the one-token cost and the costs
-of 4, 8, 15, 16 and 17 tokens over it, then the range of the one-token cost and of the 16-token
-ratio (the cheap batch the policy drafts for).
+(``chatapp.assembly.loader.measure_calibration``). Prints, per trial, the one-token cost and
+the costs of 4, 8, 15, 16 and 17 tokens over it, then the range of the one-token cost and of
+the 16-token ratio (the cheap batch the policy drafts for).
 
     python -m benchmarks.calibration_spread [--trials 6] [--threads 2]
 """
@@ -13,12 +13,8 @@ import argparse
 import dataclasses
 import time
 
-from chatapp.assembly.loader import CALIBRATION_TEXT, load_backend
-from chatapp.chat.message import ChatMessage
-from chatapp.engine.calibration import measure
+from chatapp.assembly.loader import load_backend, measure_calibration
 from chatapp.settings.config import Config
-
-LARGEST = 17
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     curves = []
     for trial in range(args.trials):
         target = load_backend(config.target, "target", config)
-        context = target.chat_prompt([ChatMessage("user", CALIBRATION_TEXT)])
         started = time.perf_counter()
-        costs = measure(target, context, LARGEST).verify
+        costs = measure_calibration(target).verify
         target.close()
         curves.append(costs)
         ratios = "  ".join(f"{n}: {costs[n] / costs[1]:.2f}x" for n in (4, 8, 15, 16, 17))

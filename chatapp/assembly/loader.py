@@ -198,10 +198,16 @@ def ensure_calibration(config: Config, target: Backend, draft: Backend | None,
     if kept is not None:
         return kept
     progress("Measuring what drafting costs on this CPU (once)", None)
-    context = target.chat_prompt([ChatMessage("user", CALIBRATION_TEXT)])
-    measured = calibration.measure(target, context, AutoDraftLength().free_max_k + 1, draft)
+    measured = measure_calibration(target, draft)
     remember_calibration(measured, path)
     return measured
+
+
+def measure_calibration(target: Backend, draft: Backend | None = None) -> calibration.Calibration:
+    """This machine's costs measured now, as every start that has none kept measures them: after
+    the chat prompt of ``CALIBRATION_TEXT``, for every batch size a draft can need."""
+    context = target.chat_prompt([ChatMessage("user", CALIBRATION_TEXT)])
+    return calibration.measure(target, context, AutoDraftLength().free_max_k + 1, draft)
 
 
 def build_session(config: Config, progress: LoadProgress = _quiet, with_draft: bool = True,

@@ -75,7 +75,7 @@ def test_one_token_and_batches_weigh_alike() -> None:
 def test_the_candidates_are_every_layout_either_cpu_would_run() -> None:
     assert TARGET_CHOICE.candidates == [CLOSE, COARSE]
     target = CATALOG["qwen2.5-coder-1.5b"].layouts("target")
-    assert target is not None and [c.name for c in target.candidates] == ["q8_0", "q4_0"]
+    assert target is not None and [c.name for c in target.candidates] == ["q8_0", "q4_0", "q4_k"]
 
 
 @pytest.fixture

@@ -101,6 +101,20 @@ def test_a_layout_is_prepared_once_with_progress_and_its_sha256(tmp_path: Path) 
     assert prepared_sha256(source, DRAFT) is None
 
 
+def test_a_pure_layout_puts_every_tensor_in_its_type(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    source = smollm(tmp_path)
+
+    def types(layout: Layout) -> set[str]:
+        reader = gguf.GGUFReader(str(prepare_layout(source, layout, threads=1)))
+        return {tensor.tensor_type.name for tensor in reader.tensors if len(tensor.shape) >= 2}
+
+    pure = Layout("pure", "Q4_0", 18 / 32, pure=True)
+    assert pure.recipe != DRAFT.recipe  # a file of the other recipe is made again
+    assert types(DRAFT) == {"Q4_0", "Q8_0"}  # llama.cpp's mixture keeps the output in Q8_0
+    assert types(pure) == {"Q4_0"}
+
+
 def test_a_preparation_that_fails_leaves_nothing_to_use(tmp_path: Path, monkeypatch) -> None:
     source = smollm(tmp_path)
     broken = Layout("broken", "NO_SUCH_TYPE", 1.0)

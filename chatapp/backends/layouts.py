@@ -48,6 +48,7 @@ SHIPPED = "shipped"  # the shipped file's name among measured layouts
 LayoutCosts = Mapping[str, Mapping[int, float]]  # layout name (or SHIPPED) -> n -> seconds
 
 DISK_MARGIN_BYTES = 256 << 20  # kept free beyond the new file
+_PURE, _MIXED = "pure", "mixed"  # the child's last argument
 _POLL_S = 0.5
 _HASH_CHUNK = 8 << 20
 
@@ -96,6 +97,8 @@ class Layout:
     bytes_per_weight: float
     fidelity: Fidelity | None = None  # to the shipped file; None for a draft's layout
     output_type: str | None = None  # the output layer's ggml type ("Q4_0"); None: llama.cpp's
+    pure: bool = False  # every other 2-D tensor in ``ftype``'s base type (llama.cpp's "pure"),
+    # instead of the mixture ``ftype`` names (Q4_K_M keeps some tensors in Q6_K)
 
     def file_name(self, shipped: str) -> str:
         stem = shipped.removesuffix(".gguf")
@@ -104,7 +107,8 @@ class Layout:
     @property
     def recipe(self) -> str:
         """What the quantiser is asked for; a prepared file of another recipe is made again."""
-        return f"{self.ftype}/{self.output_type or 'default'}"
+        mixture = "/pure" if self.pure else ""
+        return f"{self.ftype}/{self.output_type or 'default'}{mixture}"
 
 
 @dataclass(frozen=True)
@@ -302,7 +306,8 @@ def _quantize_in_child(source: Path, out: Path, layout: Layout, expected: int,
                        progress: ProgressCallback | None, threads: int | None) -> None:
     """Run the quantiser in a child process, reporting the output's growth every ``_POLL_S``."""
     command = [sys.executable, "-m", "chatapp.backends.layouts", str(source), str(out),
-               layout.ftype, layout.output_type or "", str(threads or os.cpu_count() or 1)]
+               layout.ftype, layout.output_type or "", str(threads or os.cpu_count() or 1),
+               _PURE if layout.pure else _MIXED]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     done = threading.Event()
     watcher = threading.Thread(target=_watch_growth, args=(out, expected, progress, done),
@@ -356,15 +361,19 @@ def _gib(size: int) -> str:
     return f"{size / (1 << 30):.1f} GiB"
 
 
-def quantize(source: Path, out: Path, ftype: str, output_type: str, threads: int) -> None:
+def quantize(source: Path, out: Path, ftype: str, output_type: str, threads: int,
+             pure: bool = False) -> None:
     """The child's work: ``llama_model_quantize`` of ``source`` into ``out`` as ``ftype``, the
-    output layer as ``output_type`` (empty: llama.cpp's choice for ``ftype``)."""
+    output layer as ``output_type`` (empty: llama.cpp's choice for ``ftype``), every other
+    tensor in ``ftype``'s base type when ``pure``. A tensor already of the type it gets is
+    copied as it is, not quantised again."""
     import llama_cpp as lib
 
     params = lib.llama_model_quantize_default_params()
     params.ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     if output_type:
         params.output_tensor_type = getattr(lib, f"GGML_TYPE_{output_type}")
+    params.pure = pure
     params.allow_requantize = True
     params.nthread = threads
     status = lib.llama_model_quantize(str(source).encode(), str(out).encode(), params)
@@ -373,4 +382,5 @@ def quantize(source: Path, out: Path, ftype: str, output_type: str, threads: int
 
 
 if __name__ == "__main__":
-    quantize(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    quantize(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]),
+             sys.argv[6] == _PURE)

@@ -104,6 +104,9 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
     prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")
     count = len(FakeBackend().chat_prompt([ChatMessage("user", prompt.text)]))
     monkeypatch.setattr(compare, "resolve_model", lambda name: Path(f"{name}.gguf"))
+    monkeypatch.setattr(compare, "runnable_layout",  # the layout specchat runs here
+                        lambda name, role, path, config: path.with_suffix(f".{role}-layout.gguf"))
+
     def fake(model: str, role: str, config: Config, progress: object = None,
              n_ctx: int | None = None) -> FakeBackend:
         return FakeBackend(noise=1.0 if role == "draft" else 0.0)
@@ -126,6 +129,7 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
     row = next(line for line in table if line.startswith("| one ("))
     assert "| 15.2 (128) |" in row and row.count("|") == header.count("|")
     args = (tmp_path / "llama-bench.args").read_text().split()
+    assert args[args.index("-m") + 1].endswith(".target-layout.gguf")  # the weights specchat runs
     assert args[args.index("-d") + 1] == str(count)  # plain decoding after this prompt
     assert args[args.index("-n") + 1] == row.split("(")[1].split("/")[0]  # as many tokens
     with pytest.raises(LlamaCppCompareError, match="prompts differ"):

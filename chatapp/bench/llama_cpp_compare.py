@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from chatapp.assembly.loader import load_backend
+from chatapp.assembly.loader import load_backend, runnable_layout
 from chatapp.backends.catalog import resolve_model
 from chatapp.backends.context_size import MIN_AUTO_CONTEXT
 from chatapp.backends.threads import available_cores
@@ -194,8 +194,9 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
         specs.insert(0, RunSpec(None))
     for tool in (BENCH_TOOL, SPEC_TOOL):
         tool_path(directory, tool)  # before any model is loaded
-    llama = LlamaCpp(directory, resolve_model(config.target), resolve_model(config.draft),
-                     config.threads, config.context_tokens or MIN_AUTO_CONTEXT)
+    llama = LlamaCpp(directory, _running_file(config.target, "target", config),
+                     _running_file(config.draft, "draft", config), config.threads,
+                     config.context_tokens or MIN_AUTO_CONTEXT)
 
     backends = BenchBackends(load_backend(config.target, "target", config, progress_printer(log)))
     rows: list[Row] = []
@@ -228,6 +229,12 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
     prompts = [p for p in prompts if p.id in counts]
     print_comparison(out, config, prompts, rows, [s.name for s in specs], runs, counts)
     return 0
+
+
+def _running_file(model: str, role: str, config: Config) -> Path:
+    """The file specchat runs ``model`` from as ``role``: in the weight layout it runs here
+    (``layout`` setting), so that llama.cpp's tools time the same weights."""
+    return runnable_layout(model, role, resolve_model(model), config)
 
 
 def _checked(prompt_id: str, count: int, run: LlamaCppRun) -> LlamaCppRun:

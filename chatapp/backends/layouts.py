@@ -3,7 +3,8 @@
 A model's weights can be stored in several quantisation layouts, and llama.cpp's CPU kernels are
 not equally fast on each: with AMX, Q8_0 and Q4_0 weights go through the tile kernels, which
 verify a batch of tokens for little more than one token costs, while the shipped target's Q6_K
-output layer and the shipped draft's Q5_0 tensors do not (measurements: docs/benchmarks.md).
+output layer and the shipped draft's Q5_0 tensors do not; without AMX, Q4_0 and Q4_K weights are
+repacked for the vector kernels and Q6_K ones are not (measurements: docs/benchmarks.md).
 
 ``plan_layout`` chooses, for a catalog model in a role, the layout to run: the ``layout`` setting
 ("auto", "shipped" or "fast") and whether llama.cpp runs AMX here decide between the model's

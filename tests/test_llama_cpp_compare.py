@@ -103,7 +103,7 @@ def test_the_command_prints_one_table_and_checks_the_prompt_tokens(tmp_path: Pat
 
     prompt = BenchPrompt("one", "code-edit", "the spec token is the draft token")
     count = len(FakeBackend().chat_prompt([ChatMessage("user", prompt.text)]))
-    monkeypatch.setattr(compare, "resolve_model", lambda name: Path(f"{name}.gguf"))
+    monkeypatch.setattr(compare, "resolve_name", lambda name, config: Path(f"{name}.gguf"))
     monkeypatch.setattr(compare, "runnable_layout",  # the layout specchat runs here
                         lambda name, role, path, config: path.with_suffix(f".{role}-layout.gguf"))
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TextIO
 
 from chatapp.assembly.loader import load_backend, runnable_layout
-from chatapp.backends.catalog import resolve_model
+from chatapp.assembly.local_models import resolve_name
 from chatapp.backends.context_size import MIN_AUTO_CONTEXT
 from chatapp.backends.threads import available_cores
 from chatapp.bench.report import Row
@@ -232,9 +232,10 @@ def compare_command(config: Config, directory: Path, prompts: Sequence[BenchProm
 
 
 def _running_file(model: str, role: str, config: Config) -> Path:
-    """The file specchat runs ``model`` from as ``role``: in the weight layout it runs here
+    """The file specchat runs ``model`` from as ``role``: found as ``load_backend`` finds it (a
+    catalog alias, a path or another tool's model) and in the weight layout it runs here
     (``layout`` setting), so that llama.cpp's tools time the same weights."""
-    return runnable_layout(model, role, resolve_model(model), config)
+    return runnable_layout(model, role, resolve_name(model, config), config)
 
 
 def _checked(prompt_id: str, count: int, run: LlamaCppRun) -> LlamaCppRun:

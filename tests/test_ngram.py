@@ -222,6 +222,28 @@ def test_a_copy_growing_through_the_edit_rungs_is_scored_under_each_rung() -> No
     assert step_telling("edit-new", 16)  # the first proposal is scored to its end as well
 
 
+def test_a_run_still_matching_drafts_under_the_kind_its_scores_build() -> None:
+    # A lookup run starts as a short match ("ngram-short-cold": the last token alone recurs)
+    # and becomes a long one as it matches; the live proposal is then "ngram-long-cold", a kind
+    # with no record, but it continues the would-be proposal being scored: the drafter offers
+    # it under that proposal's kind too, and drafts it where only that kind is trusted.
+    drafter = NgramDrafter(vocab_size=40, edits=False)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 30]
+    drafter.prefill(context, NO_HINTS)
+    context += [1]
+    short_only = DraftBudget({"ngram-short-cold": 5}, 0, consult=True)
+    first = drafter.propose(context, short_only, GREEDY, RNG)
+    assert (first.source, first.tokens) == ("ngram-short-cold", [2, 3, 4, 5, 6])
+    context += [2, 3, 4]  # the run goes on: the match is 4 tokens long now
+    drafter.score_emitted(context)
+    assert drafter.candidates(5)[0].kinds == ("ngram-long-cold", "ngram-short-cold")
+    live = drafter.propose(context, short_only, GREEDY, RNG)
+    assert (live.source, live.tokens) == ("ngram-short-cold", [5, 6, 7, 8, 9])
+    context += [5, 7]  # the run broke (6 was proposed): nothing vouches for what follows
+    drafter.score_emitted(context)
+    assert drafter.candidates(5)[0].kinds == ("ngram-short-warm",)
+
+
 def test_make_drafter_ngram_does_not_load_a_draft_model(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the n-gram drafter must not load a model")

@@ -36,7 +36,7 @@ import numpy as np
 
 from chatapp.drafters.edits import EditTracker
 from chatapp.drafters.prediction import PredictionSource
-from chatapp.drafters.sources import NOTHING, Candidate, Source, ranked
+from chatapp.drafters.sources import NOTHING, Candidate, Source, agree, ranked
 from chatapp.drafters.suffix import SuffixSource
 from chatapp.engine.contracts import (
     LONGEST_FREE_DRAFT,
@@ -177,6 +177,13 @@ class _Pending:
     kind: str
     counted: int = 0
 
+    def rest(self, tokens: Sequence[int]) -> list[int]:
+        """The part of the proposal after the emitted ``tokens`` while every token emitted since
+        it was made matched it (empty once one did not, or before its scores caught up)."""
+        if self.at + self.counted != len(tokens):
+            return []
+        return self.proposal[self.counted:]
+
     def settle(self, tokens: Sequence[int]) -> tuple[ShadowScore | None, bool]:
         """What the emitted ``tokens`` newly decided of it (None: nothing new), and whether
         that decided it whole (a mismatch or its end)."""
@@ -247,6 +254,19 @@ class ShadowReplay:
                 still.append(pending)
         self.pending = still
         return scores
+
+    def vouch(self, candidate: Candidate, tokens: Sequence[int]) -> Candidate:
+        """``candidate`` (the source's live proposal after ``tokens``) also under the kind of
+        each pending would-be proposal that every emitted token so far matched and that it
+        continues: it is the same run, and that kind's record is the one its scores are
+        building (a lookup's run that began as a short match turns into a long one as it
+        grows, under a kind with no record of its own)."""
+        kinds = [pending.kind for pending in self.pending
+                 if pending.kind not in candidate.kinds
+                 and agree(pending.rest(tokens), candidate.tokens)]
+        if not kinds:
+            return candidate
+        return Candidate(candidate.tokens, candidate.kind, (*candidate.also, *dict.fromkeys(kinds)))
 
 
 @dataclass(frozen=True)
@@ -330,11 +350,19 @@ class NgramDrafter:
         return NOTHING
 
     def candidates(self, k: int) -> list[Candidate]:
-        """Every source's proposal of up to ``k`` tokens, ranked (``ranked``)."""
+        """Every source's proposal of up to ``k`` tokens, ranked (``ranked``), each also under
+        the kinds of its source's would-be proposals that it continues while they match
+        (``ShadowReplay.vouch``)."""
         context = self.context
-        return ranked(*(source.propose(context, k) if source is not None else NOTHING
-                        for source in (self.prediction, self._tracker, self.suffix,
-                                       self._lookup)))
+        replays = {id(replay.source): replay for replay in self._replays}
+        proposals = []
+        for source in (self.prediction, self._tracker, self.suffix, self._lookup):
+            candidate = source.propose(context, k) if source is not None else NOTHING
+            replay = replays.get(id(source))
+            if replay is not None and candidate.tokens:
+                candidate = replay.vouch(candidate, context)
+            proposals.append(candidate)
+        return ranked(*proposals)
 
     def proposal(self, candidate: Candidate) -> Proposal:
         """``candidate`` as a one-hot proposal."""

@@ -72,7 +72,7 @@ def ranked(prediction: Candidate, edit: Candidate, suffix: Candidate,
     """
     if agree(prediction.tokens, edit.tokens):
         edit = Candidate(max(edit.tokens, prediction.tokens, key=len), edit.kind,
-                         (prediction.kind,))
+                         (*edit.also, *prediction.kinds))
         prediction = NOTHING
     early = bool(prediction.tokens) and ahead_of_edits(
         prediction.kind, edit.kind if edit.tokens else "")

@@ -354,11 +354,10 @@ class NgramDrafter:
         the kinds of its source's would-be proposals that it continues while they match
         (``ShadowReplay.vouch``)."""
         context = self.context
-        replays = {id(replay.source): replay for replay in self._replays}
         proposals = []
         for source in (self.prediction, self._tracker, self.suffix, self._lookup):
             candidate = source.propose(context, k) if source is not None else NOTHING
-            replay = replays.get(id(source))
+            replay = next((replay for replay in self._replays if replay.source is source), None)
             if replay is not None and candidate.tokens:
                 candidate = replay.vouch(candidate, context)
             proposals.append(candidate)

@@ -30,12 +30,14 @@ PROMPTS = [BenchPrompt("one", "code-edit", "the spec token is the draft token"),
            BenchPrompt("three", "prose", "the target and the draft")]
 
 
-def run_bench(tmp_path: Path, specs, prompts=PROMPTS, **kwargs) -> tuple[str, dict]:
+def run_bench(tmp_path: Path, specs, prompts=PROMPTS, log: io.StringIO | None = None,
+              **kwargs) -> tuple[str, dict]:
     out = io.StringIO()
     backends = BenchBackends(FakeBackend(), FakeBackend(noise=1.0))
     path = tmp_path / "bench.json"
     assert bench_command(Config(seed=0), path, backends=backends, prompts=prompts, specs=specs,
-                         max_tokens=30, out=out, log=io.StringIO(), warmup=False, **kwargs) == 0
+                         max_tokens=30, out=out, log=log or io.StringIO(), warmup=False,
+                         **kwargs) == 0
     return out.getvalue(), json.loads(path.read_text())
 
 
@@ -133,8 +135,10 @@ def learnt_never_to_draft() -> None:
 
 def test_fresh_and_learnt_policies_start_from_different_states(tmp_path: Path) -> None:
     learnt_never_to_draft()
-    table, data = run_bench(tmp_path, [RunSpec("model")], PROMPTS[:1], repeats=2,
+    log = io.StringIO()
+    table, data = run_bench(tmp_path, [RunSpec("model")], PROMPTS[:1], log=log, repeats=2,
                             memories=(PolicyMemory.FRESH, PolicyMemory.LEARNT))
+    assert "no learnt policy memory" not in log.getvalue()
     states = data["meta"]["memory_states"]
     assert set(states) == {"auto [fresh]", "auto [learnt]"}
     assert states["auto [fresh]"]["learnt"] is None
@@ -166,10 +170,14 @@ def test_every_learnt_run_starts_from_the_same_snapshot() -> None:
 
 
 def test_learnt_without_a_memory_says_so(tmp_path: Path) -> None:
-    _, data = run_bench(tmp_path, [RunSpec("ngram")], PROMPTS[:1],
+    log = io.StringIO()
+    _, data = run_bench(tmp_path, [RunSpec("ngram")], PROMPTS[:1], log=log,
                         memories=(PolicyMemory.LEARNT,))
     state = data["meta"]["memory_states"]["ngram auto"]
     assert state["learnt"] is None and state["state"] == "learnt: none found (fresh)"
+    before_runs = log.getvalue().split("[1/1]")[0]  # said before the first run, not only after
+    assert "ngram auto found no learnt policy memory" in before_runs
+    assert state["file"] in before_runs and "specchat run" in before_runs
 
 
 def test_the_json_names_the_cpu(tmp_path: Path) -> None:

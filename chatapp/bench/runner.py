@@ -142,10 +142,22 @@ class Bench:
         self._calibrations: dict[str, Calibration] = {}  # by spec name (``_calibration``)
         for spec in self.specs:
             self._sessions[spec.name] = self._session(spec)
+        self._warn_of_missing_memory()
         if config.backend == "hf" and backends.draft is not None:
             self.extra_configs.append(HF_ASSISTED)
 
     # -- set-up --
+
+    def _warn_of_missing_memory(self) -> None:
+        """Say, before any run, which ``LEARNT`` configurations found no memory to resume (they
+        run as fresh ones) and how to give them one."""
+        for configuration in self.configurations:
+            start = configuration.start
+            if start is not None and start.memory is PolicyMemory.LEARNT and start.learnt is None:
+                print(f"Note: {configuration.name} found no learnt policy memory for its setup "
+                      f"({start.path}), so it starts fresh like a new install. Reply with "
+                      "specchat run or the app (same model pair, drafter and threads) first to "
+                      "give it one.", file=self.log, flush=True)
 
     def _draft_backend(self) -> Backend:
         if self.backends.draft is None:

@@ -49,10 +49,13 @@ class VerifyCostModel:
 
     A ``calibrate``d model knows the whole curve before its first timing (measured once for the
     machine, pair and layout: ``chatapp.engine.calibration``): an n without recent timings is
-    then predicted by its calibrated cost, scaled by how the recent timings compare with the
-    calibration (the machine's load of the moment, ``LOAD_RANGE`` at most), and nothing is
-    guessed or extrapolated; an n with recent timings by their mean and that scaled cost, the
-    latter counting as ``CALIBRATION_WEIGHT`` timings.
+    then predicted by its calibrated cost, scaled to the machine of the moment (``_loads``), and
+    nothing is guessed or extrapolated; an n with recent timings by their mean and that scaled
+    cost, the latter counting as ``CALIBRATION_WEIGHT`` timings. The scaling has two parts,
+    because the two move apart on a shared CPU: the one-token cost (bound by memory traffic)
+    scales as the recent one-token timings compare with the calibration, and what each further
+    token adds (bound by arithmetic) as the recent timings of larger n do; until some are
+    timed, that part scales like the one-token cost, never below the calibration.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
@@ -163,7 +166,7 @@ class VerifyCostModel:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
         if self.calibrated:
-            load = self._load()
+            load = self._loads()
             out = [self._calibrated_estimate(n, load) for n in range(1, self.max_n + 1)]
             return out, out
         measured = self._measured_ns()
@@ -182,11 +185,11 @@ class VerifyCostModel:
                 explored.append(out[-1])
         return out, explored
 
-    def _calibrated_estimate(self, n: int, load: float) -> float:
-        """predict(n) of a calibrated model: the calibrated cost scaled by ``load``, averaged
-        with the recent timings of ``n`` if any (the calibration weighing ``CALIBRATION_WEIGHT``
-        timings)."""
-        calibrated = (self._calibrated[n] or 0.0) * load
+    def _calibrated_estimate(self, n: int, load: tuple[float, float]) -> float:
+        """predict(n) of a calibrated model: the calibrated cost scaled by ``load``
+        (``_scaled``), averaged with the recent timings of ``n`` if any (the calibration
+        weighing ``CALIBRATION_WEIGHT`` timings)."""
+        calibrated = self._scaled(n, load)
         if not self.measured(n):
             return calibrated
         weight = self._weight[n]
@@ -194,18 +197,39 @@ class VerifyCostModel:
             weight + CALIBRATION_WEIGHT)
 
     def _calibrated_cost(self, n: int) -> float:
-        """The calibrated cost of ``n`` tokens, scaled by the load of the moment (``_load``)."""
-        return (self._calibrated[n] or 0.0) * self._load()
+        """The calibrated cost of ``n`` tokens, scaled to the machine of the moment."""
+        return self._scaled(n, self._loads())
 
-    def _load(self) -> float:
-        """How the recent timings compare with the calibration: their weighted mean over what
-        the calibration says of the same sizes, within ``LOAD_RANGE``."""
-        timed = calibrated = 0.0
-        for m in self._measured_ns():
-            timed += self._weight[m] * self._mean[m]
-            calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
-        load = timed / calibrated if calibrated > 0.0 else 1.0
-        return min(max(load, LOAD_RANGE[0]), LOAD_RANGE[1])
+    def _scaled(self, n: int, load: tuple[float, float]) -> float:
+        """The calibrated cost of ``n`` tokens with its one-token part scaled by ``load[0]`` and
+        what the further tokens add by ``load[1]`` (``_loads``)."""
+        one = self._calibrated[1] or 0.0
+        return one * load[0] + ((self._calibrated[n] or 0.0) - one) * load[1]
+
+    def _loads(self) -> tuple[float, float]:
+        """How the recent timings compare with the calibration, in two parts, each within
+        ``LOAD_RANGE``: the one-token cost's (its recent timings over its calibrated cost; before
+        any, the weighted mean of the timed sizes over their calibrated costs), and that of what
+        further tokens add (over the timed n > 1, the weighted sum of the timing less the
+        one-token cost of the moment, over the same sum of the calibration; before any, the
+        first part's, never below 1: a cost measured cheap once is not assumed cheaper yet)."""
+        one = self._calibrated[1] or 0.0
+        if self.measured(1) and one > 0.0:
+            base = self._mean[1] / one
+        else:
+            timed = calibrated = 0.0
+            for m in self._measured_ns():
+                timed += self._weight[m] * self._mean[m]
+                calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
+            base = timed / calibrated if calibrated > 0.0 else 1.0
+        base = min(max(base, LOAD_RANGE[0]), LOAD_RANGE[1])
+        larger = [m for m in self._measured_ns() if m > 1] if self.measured(1) else []
+        added = calibrated_added = 0.0
+        for m in larger:
+            added += self._weight[m] * (self._mean[m] - one * base)
+            calibrated_added += self._weight[m] * ((self._calibrated[m] or 0.0) - one)
+        extra = added / calibrated_added if calibrated_added > 0.0 else max(base, 1.0)
+        return base, min(max(extra, LOAD_RANGE[0]), LOAD_RANGE[1])
 
     def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:
         """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of

@@ -456,3 +456,23 @@ def test_a_draft_model_is_tried_only_where_its_best_gain_repays_its_catch_up() -
 
     assert model_k_after_a_plain_step(0.0109) == 0
     assert model_k_after_a_plain_step(0.003) == Tuning().first_k
+
+
+def test_a_slow_moment_does_not_make_the_draft_model_look_cheap() -> None:
+    """On the bench's EPYC a neighbour's memory traffic slows one-token evaluations, the
+    target's and the draft model's alike, while larger batches keep their cost. The draft model's
+    calibrated token must slow with the target's one token: judged at its calibrated cost beside
+    a one-token step 1.4x dearer, its drafts looked cheap enough to try (and the first one fed
+    the whole conversation: 0.12 s on a 41-token reply that then ran at 0.79x)."""
+    verify = {1: .0254, 2: .0392, 3: .0570, 4: .0654, 5: .0842, 6: .0970, 7: .1124, 8: .1066,
+              **{n: .1296 + .005 * (n - 9) for n in range(9, 16)}, 16: .1419, 17: .1479}
+    policy = AutoDraftLength()
+    policy.calibrate(Calibration(verify, 0.0110))
+    asked = []
+    for step in range(40):
+        if step % 10 == 5:  # a free source's one-token draft: one slow token and what one adds
+            report(policy, 1, 0, 0.0, 1.4 * verify[1] + verify[2] - verify[1], "suffix-short")
+        else:
+            report(policy, 0, 0, 0.0, 1.4 * verify[1])
+        asked.append(policy.budget().for_source(MODEL_SOURCE))
+    assert asked == [0] * 40

@@ -353,7 +353,15 @@ class AutoDraftLength:
         never drafted (it lacks the whole conversation); nothing for a free source."""
         horizon = self.tuning.switch_horizon
         idle = horizon if arm.drafted_steps == 0 else min(self._step - arm.last_drafted, horizon)
-        return arm.catchup_per_step(self._draft_token) * idle / horizon
+        return arm.catchup_per_step(self._draft_token_now()) * idle / horizon
+
+    def _draft_token_now(self) -> float | None:
+        """The draft model's calibrated cost per token scaled as the target's one-token cost
+        is now (both are one-token evaluations, bound by memory traffic; a slow moment makes
+        both dearer, and must not make drafting look cheaper); None without a calibration."""
+        if self._draft_token is None:
+            return None
+        return self._draft_token * self._verify.one_token_load()
 
     def _new_arm_k(self, shadowed: bool) -> int:
         """The K of a source with no record yet: a draft model (``shadowed`` False) or a source
@@ -412,7 +420,8 @@ class AutoDraftLength:
         verify = self._verify.curve(explore)[:longest + 1]
         draft = arm.draft_cost()
         if draft is None:  # a drafter that scores itself for free drafts for free, near enough
-            draft = 0.0 if arm.shadowed else (self._draft_token if self._draft_token is not None
+            calibrated = self._draft_token_now()
+            draft = 0.0 if arm.shadowed else (calibrated if calibrated is not None
                                               else self.tuning.draft_cost_prior * verify[0])
         tokens = [1.0 + expected for expected in accumulate(_prefix_products(acceptance),
                                                              initial=0.0)]
@@ -475,7 +484,7 @@ class AutoDraftLength:
                 loss = max(0.0, expected * (1.0 / rates[probe] - plain_step))
                 share = self.tuning.probe_budget if arm.hopeful else self.tuning.probe_budget / 4
                 budget = share * plain_step
-                catchup = arm.catchup_per_step(self._draft_token)
+                catchup = arm.catchup_per_step(self._draft_token_now())
                 if catchup >= budget:
                     probe = 0  # catching up would cost more than probing may: stay plain
                 else:

@@ -70,6 +70,7 @@ class VerifyCostModel:
         self._predicted: list[float] | None = None  # predict(n), n = 1..max_n; None: stale
         self._explored: list[float] = []  # predict(n, explore=True)
         self._calibrated: list[float | None] = [None] * (max_n + 1)  # index 0 unused
+        self._loads_now = (1.0, 1.0)  # _loads() as of the latest predictions
 
     def calibrate(self, costs: Mapping[int, float]) -> None:
         """Take the measured seconds to verify n tokens (``costs[n]``; sizes outside 1..max_n
@@ -87,6 +88,15 @@ class VerifyCostModel:
         self._calibrated = list(other._calibrated)[:self.max_n + 1]
         self._calibrated += [None] * (self.max_n + 1 - len(self._calibrated))
         self._predicted = None
+
+    def one_token_load(self) -> float:
+        """How the one-token cost of the moment compares with the calibrated one (1.0 without a
+        calibration): what scales any other one-token evaluation measured with it, such as a
+        draft model's token, which is as bound by memory traffic."""
+        if not self.calibrated:
+            return 1.0
+        self.curve()
+        return self._loads_now[0]
 
     def learnt(self) -> dict[str, list[float]]:
         """The per-n means and their weights (index 0 unused), plain JSON data."""
@@ -166,7 +176,7 @@ class VerifyCostModel:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
         if self.calibrated:
-            load = self._loads()
+            load = self._loads_now = self._loads()
             out = [self._calibrated_estimate(n, load) for n in range(1, self.max_n + 1)]
             return out, out
         measured = self._measured_ns()

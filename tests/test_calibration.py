@@ -78,16 +78,28 @@ def calibrated_on_the_quiet_machine() -> VerifyCostModel:
 
 def test_the_one_token_part_and_what_further_tokens_add_scale_apart() -> None:
     """Timings of one token and of 16 tokens on the second machine teach the cost of 2 and 4
-    tokens, never timed there: within 3% of what they took (one factor for the whole curve
-    left 4 tokens 8% too cheap, and 16 tokens, timed three times, 4%)."""
+    tokens, never timed there: within 5% of what they took, and 16 tokens within 2% (one factor
+    for the whole curve left 4 tokens 8% too cheap, and 16 tokens, timed three times, 4%)."""
     model = calibrated_on_the_quiet_machine()
     for _ in range(3):
         for _ in range(20):
             model.observe(1, APART_MS[1] / 1000)
         model.observe(16, APART_MS[16] / 1000)
     assert model.predict(1) == pytest.approx(APART_MS[1] / 1000, rel=0.01)
+    assert model.predict(16) == pytest.approx(APART_MS[16] / 1000, rel=0.02)
     for n in (2, 4):
-        assert model.predict(n) == pytest.approx(APART_MS[n] / 1000, rel=0.03)
+        assert model.predict(n) == pytest.approx(APART_MS[n] / 1000, rel=0.05)
+
+
+def test_one_noisy_timing_of_two_tokens_barely_moves_what_further_tokens_add() -> None:
+    """What one token more adds is a small difference of two noisy timings: one 2-token step
+    that happened to take 40% more than its calibrated addition moves the 16-token estimate by
+    a few percent (32% if that one timing alone set what further tokens add)."""
+    model = calibrated_on_the_quiet_machine()
+    for _ in range(20):
+        model.observe(1, QUIET_MS[1] / 1000)
+    model.observe(2, (QUIET_MS[1] + 1.4 * (QUIET_MS[2] - QUIET_MS[1])) / 1000)
+    assert model.predict(16) == pytest.approx(QUIET_MS[16] / 1000, rel=0.05)
 
 
 def test_faster_one_token_steps_alone_make_no_larger_batch_cheaper() -> None:

@@ -222,7 +222,9 @@ class VerifyCostModel:
         any, the weighted mean of the timed sizes over their calibrated costs), and that of what
         further tokens add (over the timed n > 1, the weighted sum of the timing less the
         one-token cost of the moment, over the same sum of the calibration; before any, the
-        first part's, never below 1: a cost measured cheap once is not assumed cheaper yet)."""
+        first part's, never below 1: a cost measured cheap once is not assumed cheaper yet; the
+        timings are pulled towards that as one timing of the dearest n would:
+        what one token more adds is a small difference of two noisy timings)."""
         one = self._calibrated[1] or 0.0
         if self.measured(1) and one > 0.0:
             base = self._mean[1] / one
@@ -233,12 +235,15 @@ class VerifyCostModel:
                 calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
             base = timed / calibrated if calibrated > 0.0 else 1.0
         base = min(max(base, LOAD_RANGE[0]), LOAD_RANGE[1])
-        larger = [m for m in self._measured_ns() if m > 1] if self.measured(1) else []
-        added = calibrated_added = 0.0
-        for m in larger:
+        # what further tokens add, before any timing of them (and the prior it is pulled to):
+        # as many seconds of it as one timing of the dearest n would add
+        prior = max(base, 1.0)
+        prior_s = max((c or 0.0) - one for c in self._calibrated[1:])
+        added, calibrated_added = prior * prior_s, prior_s
+        for m in [m for m in self._measured_ns() if m > 1] if self.measured(1) else ():
             added += self._weight[m] * (self._mean[m] - one * base)
             calibrated_added += self._weight[m] * ((self._calibrated[m] or 0.0) - one)
-        extra = added / calibrated_added if calibrated_added > 0.0 else max(base, 1.0)
+        extra = added / calibrated_added if calibrated_added > 0.0 else prior
         return base, min(max(extra, LOAD_RANGE[0]), LOAD_RANGE[1])
 
     def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:

@@ -62,58 +62,6 @@ def test_a_calibrated_cost_model_predicts_the_curve_scaled_by_the_load() -> None
     assert model.predict(3) == pytest.approx(0.24, rel=0.05)
 
 
-# One 2-core EPYC minutes apart (docs/benchmarks.md, "Two parts of a step's cost"): ms to
-# verify n tokens while a neighbour was quiet, and while one-token steps ran faster but every
-# larger batch slower (the one-token part and what further tokens add moved apart).
-QUIET_MS = {1: 24.5, 2: 38.8, 4: 62.0, 16: 124.0}
-APART_MS = {1: 22.0, 2: 38.2, 4: 65.5, 16: 133.5}
-
-
-def calibrated_on_the_quiet_machine() -> VerifyCostModel:
-    model = VerifyCostModel(16)
-    costs = np.interp(range(1, 17), list(QUIET_MS), list(QUIET_MS.values())) / 1000
-    model.calibrate(dict(enumerate(costs.tolist(), 1)))
-    return model
-
-
-def test_the_one_token_part_and_what_further_tokens_add_scale_apart() -> None:
-    """Timings of one token and of 16 tokens on the second machine teach the cost of 2 and 4
-    tokens, never timed there: within 5% of what they took, and 16 tokens within 2% (one factor
-    for the whole curve left 4 tokens 8% too cheap, and 16 tokens, timed three times, 4%)."""
-    model = calibrated_on_the_quiet_machine()
-    for _ in range(3):
-        for _ in range(20):
-            model.observe(1, APART_MS[1] / 1000)
-        model.observe(16, APART_MS[16] / 1000)
-    assert model.predict(1) == pytest.approx(APART_MS[1] / 1000, rel=0.01)
-    assert model.predict(16) == pytest.approx(APART_MS[16] / 1000, rel=0.02)
-    for n in (2, 4):
-        assert model.predict(n) == pytest.approx(APART_MS[n] / 1000, rel=0.05)
-
-
-def test_one_noisy_timing_of_two_tokens_barely_moves_what_further_tokens_add() -> None:
-    """What one token more adds is a small difference of two noisy timings: one 2-token step
-    that happened to take 40% more than its calibrated addition moves the 16-token estimate by
-    a few percent (32% if that one timing alone set what further tokens add)."""
-    model = calibrated_on_the_quiet_machine()
-    for _ in range(20):
-        model.observe(1, QUIET_MS[1] / 1000)
-    model.observe(2, (QUIET_MS[1] + 1.4 * (QUIET_MS[2] - QUIET_MS[1])) / 1000)
-    assert model.predict(16) == pytest.approx(QUIET_MS[16] / 1000, rel=0.05)
-
-
-def test_faster_one_token_steps_alone_make_no_larger_batch_cheaper() -> None:
-    """Until a larger batch is timed, what further tokens add is not assumed cheaper than
-    calibrated because one-token steps got faster (scaling the whole curve by them made 2
-    tokens 9%, 4 tokens 15% and 16 tokens 17% too cheap: drafts that lose)."""
-    model = calibrated_on_the_quiet_machine()
-    for _ in range(20):
-        model.observe(1, APART_MS[1] / 1000)
-    for n in (2, 4, 16):
-        added = (QUIET_MS[n] - QUIET_MS[1]) / 1000
-        assert model.predict(n) == pytest.approx(APART_MS[1] / 1000 + added, rel=0.01)
-
-
 def test_one_slow_timing_of_a_cheap_batch_size_does_not_hide_it() -> None:
     """The cost curve of docs/benchmarks.md: 16 tokens verify cheaper than 15 or 17. A first
     16-token step that happens to take 1.5x its calibrated cost must not make 17 look cheaper

@@ -461,7 +461,7 @@ def test_a_draft_model_is_tried_only_where_its_best_gain_repays_its_catch_up() -
 def test_a_slow_moment_does_not_make_the_draft_model_look_cheap() -> None:
     """On the bench's EPYC a neighbour's memory traffic slows one-token evaluations, the
     target's and the draft model's alike, while larger batches keep their cost. The draft model's
-    calibrated token must slow with the target's one token: judged at its calibrated cost beside
+    calibrated token must slow as the target's costs do: judged at its calibrated cost beside
     a one-token step 1.4x dearer, its drafts looked cheap enough to try (and the first one fed
     the whole conversation: 0.12 s on a 41-token reply that then ran at 0.79x)."""
     verify = {1: .0254, 2: .0392, 3: .0570, 4: .0654, 5: .0842, 6: .0970, 7: .1124, 8: .1066,

@@ -356,12 +356,12 @@ class AutoDraftLength:
         return arm.catchup_per_step(self._draft_token_now()) * idle / horizon
 
     def _draft_token_now(self) -> float | None:
-        """The draft model's calibrated cost per token scaled as the target's one-token cost
-        is now (both are one-token evaluations, bound by memory traffic; a slow moment makes
-        both dearer, and must not make drafting look cheaper); None without a calibration."""
+        """The draft model's calibrated cost per token scaled as the target's costs are now
+        (``VerifyCostModel.load``: a slow moment makes both dearer, and must not make drafting
+        look cheaper); None without a calibration."""
         if self._draft_token is None:
             return None
-        return self._draft_token * self._verify.one_token_load()
+        return self._draft_token * self._verify.load()
 
     def _new_arm_k(self, shadowed: bool) -> int:
         """The K of a source with no record yet: a draft model (``shadowed`` False) or a source

@@ -49,13 +49,10 @@ class VerifyCostModel:
 
     A ``calibrate``d model knows the whole curve before its first timing (measured once for the
     machine, pair and layout: ``chatapp.engine.calibration``): an n without recent timings is
-    then predicted by its calibrated cost, scaled to the machine of the moment (``_loads``), and
-    nothing is guessed or extrapolated; an n with recent timings by their mean and that scaled
-    cost, the latter counting as ``CALIBRATION_WEIGHT`` timings. The scaling has two parts,
-    because the two move apart on a shared CPU: the one-token cost (bound by memory traffic)
-    scales as the recent one-token timings compare with the calibration, and what each further
-    token adds (bound by arithmetic) as the recent timings of larger n do; until some are
-    timed, that part scales like the one-token cost, never below the calibration.
+    then predicted by its calibrated cost, scaled by how the recent timings compare with the
+    calibration (the machine's load of the moment, ``LOAD_RANGE`` at most), and nothing is
+    guessed or extrapolated; an n with recent timings by their mean and that scaled cost, the
+    latter counting as ``CALIBRATION_WEIGHT`` timings.
     """
 
     def __init__(self, max_n: int, forget: float = 0.95, slope_prior: float = 0.8,
@@ -70,7 +67,7 @@ class VerifyCostModel:
         self._predicted: list[float] | None = None  # predict(n), n = 1..max_n; None: stale
         self._explored: list[float] = []  # predict(n, explore=True)
         self._calibrated: list[float | None] = [None] * (max_n + 1)  # index 0 unused
-        self._loads_now = (1.0, 1.0)  # _loads() as of the latest predictions
+        self._load_now = 1.0  # _load() as of the latest predictions
 
     def calibrate(self, costs: Mapping[int, float]) -> None:
         """Take the measured seconds to verify n tokens (``costs[n]``; sizes outside 1..max_n
@@ -89,14 +86,15 @@ class VerifyCostModel:
         self._calibrated += [None] * (self.max_n + 1 - len(self._calibrated))
         self._predicted = None
 
-    def one_token_load(self) -> float:
-        """How the one-token cost of the moment compares with the calibrated one (1.0 without a
-        calibration): what scales any other one-token evaluation measured with it, such as a
-        draft model's token, which is as bound by memory traffic."""
+    def load(self) -> float:
+        """How the recent timings compare with the calibration (``_load``; 1.0 without a
+        calibration): what scales any other evaluation calibrated with them, such as a draft
+        model's token (a busy moment makes it dearer too, and must not make drafting look
+        cheaper)."""
         if not self.calibrated:
             return 1.0
         self.curve()
-        return self._loads_now[0]
+        return self._load_now
 
     def learnt(self) -> dict[str, list[float]]:
         """The per-n means and their weights (index 0 unused), plain JSON data."""
@@ -176,7 +174,7 @@ class VerifyCostModel:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
         if self.calibrated:
-            load = self._loads_now = self._loads()
+            load = self._load_now = self._load()
             out = [self._calibrated_estimate(n, load) for n in range(1, self.max_n + 1)]
             return out, out
         measured = self._measured_ns()
@@ -195,11 +193,11 @@ class VerifyCostModel:
                 explored.append(out[-1])
         return out, explored
 
-    def _calibrated_estimate(self, n: int, load: tuple[float, float]) -> float:
-        """predict(n) of a calibrated model: the calibrated cost scaled by ``load``
-        (``_scaled``), averaged with the recent timings of ``n`` if any (the calibration
-        weighing ``CALIBRATION_WEIGHT`` timings)."""
-        calibrated = self._scaled(n, load)
+    def _calibrated_estimate(self, n: int, load: float) -> float:
+        """predict(n) of a calibrated model: the calibrated cost scaled by ``load``, averaged
+        with the recent timings of ``n`` if any (the calibration weighing ``CALIBRATION_WEIGHT``
+        timings)."""
+        calibrated = (self._calibrated[n] or 0.0) * load
         if not self.measured(n):
             return calibrated
         weight = self._weight[n]
@@ -207,44 +205,18 @@ class VerifyCostModel:
             weight + CALIBRATION_WEIGHT)
 
     def _calibrated_cost(self, n: int) -> float:
-        """The calibrated cost of ``n`` tokens, scaled to the machine of the moment."""
-        return self._scaled(n, self._loads())
+        """The calibrated cost of ``n`` tokens, scaled by the load of the moment (``_load``)."""
+        return (self._calibrated[n] or 0.0) * self._load()
 
-    def _scaled(self, n: int, load: tuple[float, float]) -> float:
-        """The calibrated cost of ``n`` tokens with its one-token part scaled by ``load[0]`` and
-        what the further tokens add by ``load[1]`` (``_loads``)."""
-        one = self._calibrated[1] or 0.0
-        return one * load[0] + ((self._calibrated[n] or 0.0) - one) * load[1]
-
-    def _loads(self) -> tuple[float, float]:
-        """How the recent timings compare with the calibration, in two parts, each within
-        ``LOAD_RANGE``: the one-token cost's (its recent timings over its calibrated cost; before
-        any, the weighted mean of the timed sizes over their calibrated costs), and that of what
-        further tokens add (over the timed n > 1, the weighted sum of the timing less the
-        one-token cost of the moment, over the same sum of the calibration; before any, the
-        first part's, never below 1: a cost measured cheap once is not assumed cheaper yet; the
-        timings are pulled towards that as one timing of the dearest n would:
-        what one token more adds is a small difference of two noisy timings)."""
-        one = self._calibrated[1] or 0.0
-        if self.measured(1) and one > 0.0:
-            base = self._mean[1] / one
-        else:
-            timed = calibrated = 0.0
-            for m in self._measured_ns():
-                timed += self._weight[m] * self._mean[m]
-                calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
-            base = timed / calibrated if calibrated > 0.0 else 1.0
-        base = min(max(base, LOAD_RANGE[0]), LOAD_RANGE[1])
-        # what further tokens add, before any timing of them (and the prior it is pulled to):
-        # as many seconds of it as one timing of the dearest n would add
-        prior = max(base, 1.0)
-        prior_s = max((c or 0.0) - one for c in self._calibrated[1:])
-        added, calibrated_added = prior * prior_s, prior_s
-        for m in [m for m in self._measured_ns() if m > 1] if self.measured(1) else ():
-            added += self._weight[m] * (self._mean[m] - one * base)
-            calibrated_added += self._weight[m] * ((self._calibrated[m] or 0.0) - one)
-        extra = added / calibrated_added if calibrated_added > 0.0 else prior
-        return base, min(max(extra, LOAD_RANGE[0]), LOAD_RANGE[1])
+    def _load(self) -> float:
+        """How the recent timings compare with the calibration: their weighted mean over what
+        the calibration says of the same sizes, within ``LOAD_RANGE``."""
+        timed = calibrated = 0.0
+        for m in self._measured_ns():
+            timed += self._weight[m] * self._mean[m]
+            calibrated += self._weight[m] * (self._calibrated[m] or 0.0)
+        load = timed / calibrated if calibrated > 0.0 else 1.0
+        return min(max(load, LOAD_RANGE[0]), LOAD_RANGE[1])
 
     def _guess(self, n: int, below: int, above: int, interpolated: float) -> float:
         """predict(n, explore=True) for ``below`` <= n <= ``above``, both measured: the cost of

@@ -1,9 +1,10 @@
 """Whether the parts of a step's cost move together over time: the target verifies 1, 2, 4 and
 16 tokens in turn (one token between each larger batch) for ``--seconds``, after the chat prompt
 the calibration uses, the cache truncated back after each timing. Prints, per block of
-``--block`` cycles, the median milliseconds of each size, their ratios to one token, and the
-two factors ``VerifyCostModel`` scales a calibrated curve by, against the first block: the
-one-token cost's, and that of what the further tokens add (over 2, 4 and 16 tokens together).
+``--block`` cycles, the median milliseconds of each size, their ratios to one token, and two
+factors against the first block: the one-token cost's, and that of what the further tokens add
+(over 2, 4 and 16 tokens together). ``VerifyCostModel`` scales its calibrated curve by one
+factor; where these two part, that factor is wrong for one side (docs/benchmarks.md).
 
     python -m benchmarks.cost_phases [--seconds 90] [--block 10] [--threads 2]
 """

@@ -19,6 +19,7 @@ import time
 from chatapp.assembly.loader import CALIBRATION_TEXT, load_backend
 from chatapp.backends.base import Backend
 from chatapp.chat.message import ChatMessage
+from chatapp.engine.calibration import repeated_feed
 from chatapp.engine.kv import evaluate_sequence
 from chatapp.settings.config import Config
 
@@ -29,7 +30,7 @@ CYCLE = (1, 2, 1, 4, 1, 16)  # one cycle of timings
 def timed_cycles(target: Backend, seconds: float) -> list[dict[int, float]]:
     """Per cycle of ``CYCLE``, the mean milliseconds of each size, for ``seconds``."""
     context = target.chat_prompt([ChatMessage("user", CALIBRATION_TEXT)])
-    feed = (list(context) * (1 + max(SIZES) // len(context)))[:max(SIZES)]
+    feed = repeated_feed(context, max(SIZES))
     evaluate_sequence(target, context, 1)
     cycles = []
     end = time.monotonic() + seconds

@@ -23,7 +23,7 @@ from chatapp.assembly.loader import load_backend
 from chatapp.bench.runner import machine_facts
 from chatapp.bench.specs import BenchPrompt
 from chatapp.chat.message import ChatMessage
-from chatapp.engine.calibration import VerifyCost, measure_verify_costs
+from chatapp.engine.calibration import VerifyCost, measure_verify_costs, repeated_feed
 from chatapp.engine.contracts import LONGEST_FREE_DRAFT
 from chatapp.settings.config import Config
 
@@ -76,8 +76,7 @@ def verify_costs_command(config: Config, prompt: BenchPrompt, out: TextIO | None
     try:
         context = target.chat_prompt([ChatMessage("user", prompt.text)])
         sizes = [*range(1, 2 * LONGEST_FREE_DRAFT + 1), *LONGER_SIZES]
-        longest = max(sizes)
-        feed = (context * (1 + longest // max(len(context), 1)))[:longest]
+        feed = repeated_feed(context, max(sizes))
         facts = machine_facts(config)
         print(f"Verification costs of {target.name}, {target.threads} threads, after "
               f"{len(context)} prompt tokens ({prompt.id}); median of {REPEATS}; CPU "

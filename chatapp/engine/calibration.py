@@ -63,6 +63,11 @@ def _seconds(value: Any) -> float:
     return seconds
 
 
+def repeated_feed(context: Sequence[int], n: int) -> list[int]:
+    """``n`` tokens to time after ``context``: the context's own tokens, repeated as needed."""
+    return (list(context) * (1 + n // max(len(context), 1)))[:n]
+
+
 def measure_verify_costs(target: Backend, context: Sequence[int], feed: Sequence[int],
                          sizes: Sequence[int], repeats: int = REPEATS,
                          summary: Callable[[list[float]], float] = min) -> list[VerifyCost]:
@@ -89,7 +94,7 @@ def measure(target: Backend, context: Sequence[int], largest: int,
     """The costs of verifying n = 1..``largest`` tokens after ``context`` on ``target`` and, with
     a ``draft`` backend, of one draft-model token after the same context. Both caches are left
     holding ``context`` (or less)."""
-    feed = (list(context) * (1 + largest // max(len(context), 1)))[:largest]
+    feed = repeated_feed(context, largest)
     costs = measure_verify_costs(target, context, feed, range(1, largest + 1))
     draft_token = None
     if draft is not None:  # one token after the context: a draft step

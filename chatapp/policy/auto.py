@@ -419,10 +419,12 @@ class AutoDraftLength:
         explore = arm.shadowed and self._may_explore()
         verify = self._verify.curve(explore)[:longest + 1]
         draft = arm.draft_cost()
-        if draft is None:  # a drafter that scores itself for free drafts for free, near enough
+        if draft is None and arm.shadowed:  # a drafter that scores itself for free drafts for
+            draft = 0.0  # free, near enough
+        elif draft is None:
             calibrated = self._draft_token_now()
-            draft = 0.0 if arm.shadowed else (calibrated if calibrated is not None
-                                              else self.tuning.draft_cost_prior * verify[0])
+            draft = calibrated if calibrated is not None else (
+                self.tuning.draft_cost_prior * verify[0])
         tokens = [1.0 + expected for expected in accumulate(_prefix_products(acceptance),
                                                              initial=0.0)]
         seconds = [max(k * draft + verify[k], 1e-9) for k in range(longest + 1)]

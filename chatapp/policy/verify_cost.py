@@ -67,7 +67,6 @@ class VerifyCostModel:
         self._predicted: list[float] | None = None  # predict(n), n = 1..max_n; None: stale
         self._explored: list[float] = []  # predict(n, explore=True)
         self._calibrated: list[float | None] = [None] * (max_n + 1)  # index 0 unused
-        self._load_now = 1.0  # _load() as of the latest predictions
 
     def calibrate(self, costs: Mapping[int, float]) -> None:
         """Take the measured seconds to verify n tokens (``costs[n]``; sizes outside 1..max_n
@@ -91,10 +90,7 @@ class VerifyCostModel:
         calibration): what scales any other evaluation calibrated with them, such as a draft
         model's token (a busy moment makes it dearer too, and must not make drafting look
         cheaper)."""
-        if not self.calibrated:
-            return 1.0
-        self.curve()
-        return self._load_now
+        return self._load() if self.calibrated else 1.0
 
     def learnt(self) -> dict[str, list[float]]:
         """The per-n means and their weights (index 0 unused), plain JSON data."""
@@ -174,7 +170,7 @@ class VerifyCostModel:
         """predict(n) and predict(n, explore=True) for n = 1..max_n: the mean where measured,
         else the cheap guess."""
         if self.calibrated:
-            load = self._load_now = self._load()
+            load = self._load()
             out = [self._calibrated_estimate(n, load) for n in range(1, self.max_n + 1)]
             return out, out
         measured = self._measured_ns()

@@ -49,11 +49,16 @@ class MemoryState:
     path: Path | None = None
     learnt: dict[str, Any] | None = None
 
+    @property
+    def found_nothing(self) -> bool:
+        """A ``LEARNT`` state whose file held nothing to resume: it runs as a fresh one."""
+        return self.memory is PolicyMemory.LEARNT and self.learnt is None
+
     def describe(self) -> str:
         """"fresh", "kept", "learnt (sources: model, suffix)" or "learnt: none found (fresh)"."""
         if self.memory is not PolicyMemory.LEARNT:
             return self.memory.value
-        if self.learnt is None:
+        if self.found_nothing:
             return "learnt: none found (fresh)"
         return f"learnt (sources: {', '.join(sorted(self.learnt['arms'])) or 'none'})"
 

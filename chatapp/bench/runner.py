@@ -153,7 +153,7 @@ class Bench:
         run as fresh ones) and how to give them one."""
         for configuration in self.configurations:
             start = configuration.start
-            if start is not None and start.memory is PolicyMemory.LEARNT and start.learnt is None:
+            if start is not None and start.found_nothing:
                 print(f"Note: {configuration.name} found no learnt policy memory for its setup "
                       f"({start.path}), so it starts fresh like a new install. Reply with "
                       "specchat run or the app (same model pair, drafter and threads) first to "

@@ -66,8 +66,9 @@ class AutoDraftLength:
     model on a CPU catches up at a quarter of a decode step per token), it does not probe. What was
     learnt before a stretch without drafting ages by ``stale_forget`` per step, so a probe that
     goes well counts. When no plain step was timed for ``plain_every`` steps it takes one: the
-    one-token verification is the baseline every choice is weighed against. The first
-    ``explore_steps`` drafting steps use ``explore_k``, to measure the drafter. The object is
+    one-token verification is the baseline every choice is weighed against. An
+    uncalibrated policy's first ``explore_steps`` drafting steps use ``explore_k``, to measure
+    the drafter; a calibrated one's first draft of a hopeful draft model does. The object is
     meant to live across turns.
 
     Acceptance and draft cost are kept per source (the ``source`` of each ``StepOutcome``; the
@@ -325,12 +326,15 @@ class AutoDraftLength:
         return arm
 
     def _exploring(self, arm: SourceArm) -> bool:
-        """Whether ``arm``'s next drafts are its first ``explore_steps``, made at ``explore_k``
-        to measure it: a draft model's, before calibration, or after it where drafting could
-        pay if it were mostly accepted (``_hopeful``)."""
+        """Whether ``arm``'s next draft explores it, at ``explore_k``: a draft model's first
+        ``explore_steps`` before calibration (they measure its cost), or, once calibrated (its
+        cost is known), its first draft only, where drafting could pay if it were mostly
+        accepted (``_hopeful``); that draft's acceptance then decides like any other."""
         if arm.shadowed or arm.drafted_steps >= self.tuning.explore_steps:
             return False
-        return not self._verify.calibrated or self._hopeful(arm)
+        if not self._verify.calibrated:
+            return True
+        return arm.drafted_steps == 0 and self._hopeful(arm)
 
     def _hopeful(self, arm: SourceArm) -> bool:
         """Whether some K would beat plain decoding by ``switch_margin`` and repay the catch-up

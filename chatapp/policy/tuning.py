@@ -21,7 +21,8 @@ class Tuning:
     max_k: int = 8  # the longest draft of a draft model
     free_max_k: int = LONGEST_FREE_DRAFT  # of a free source: as long as its shadow look-ahead (8
     # was measured worse on the code-edit prompts: 1.08-1.37x against 1.07-1.71x)
-    explore_steps: int = 3  # a draft model's first drafting steps, made at explore_k to measure it
+    explore_steps: int = 3  # an uncalibrated draft model's first drafting steps, made at
+    # explore_k to measure it (a calibrated one's cost is known: it explores with one)
     explore_k: int = 3
     catchup_prior: float = 0.25  # an idle draft model catches up on a missed token at this x its
     # per-token cost, until measured

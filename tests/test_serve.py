@@ -241,6 +241,14 @@ def open_stream(server: ServeProcess, text: str = PROMPT) -> tuple[socket.socket
     return sock, seen
 
 
+def wait_until_queued(server: ServeProcess, waiting: int) -> None:
+    """Wait until the server's metrics show this many requests queued (a busy machine is slow)."""
+    deadline = time.monotonic() + 20
+    while f"specchat_queue_waiting {waiting:.1f}" not in raw(server, "GET", "/metrics")[2].decode():
+        assert time.monotonic() < deadline, f"{waiting} request(s) never queued"
+        time.sleep(0.05)
+
+
 def test_a_third_request_waits_for_no_place_and_gets_429(tmp_path) -> None:
     server = slow_server(tmp_path, "--queue", "1")
     try:
@@ -249,7 +257,7 @@ def test_a_third_request_waits_for_no_place_and_gets_429(tmp_path) -> None:
         second = threading.Thread(target=lambda: waiting.update(
             reply=ask(server, "second", max_tokens=5)))
         second.start()
-        time.sleep(0.5)
+        wait_until_queued(server, 1)
         with pytest.raises(openai.RateLimitError) as refused:
             ask(server, "third")
         assert refused.value.code == "queue_full"
@@ -335,7 +343,7 @@ def test_sigterm_mid_reply_ends_the_reply_answers_the_waiting_and_exits(tmp_path
     first, seen = open_stream(server)
     thread = threading.Thread(target=waiting)
     thread.start()
-    time.sleep(0.5)
+    wait_until_queued(server, 1)
     started = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     first.settimeout(10)

@@ -476,3 +476,19 @@ def test_a_slow_moment_does_not_make_the_draft_model_look_cheap() -> None:
             report(policy, 0, 0, 0.0, 1.4 * verify[1])
         asked.append(policy.budget().for_source(MODEL_SOURCE))
     assert asked == [0] * 40
+
+
+def test_a_source_never_seen_verifies_only_the_proposal_sizes_that_pay() -> None:
+    """On the Ice Lake Xeon of docs/benchmarks.md verifying 2 tokens costs 1.66 one-token steps
+    and 4 tokens 1.70: a one-token proposal of a kind with no record (prior acceptance 0.55)
+    expects 1.55 tokens for 1.66 steps, and every reply's first "edit-step" guesses lost so.
+    Such a proposal is not verified; a three-token one, on the cheap batch of 4, is."""
+    ms = [55.5, 92.1, 123.2, 94.2, 130.3, 162.9, 197.3, 182.0, 210.9, 244.8, 285.7, 267.1,
+          314.5, 340.1, 398.9, 259.1, 293.4]
+    policy = AutoDraftLength()
+    policy.calibrate(Calibration({n: t / 1000 for n, t in enumerate(ms, 1)}, 0.0234))
+    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    budget = policy.budget()
+    assert budget.for_source("edit-unseen") >= 3
+    assert [budget.cut("edit-unseen", m) for m in (1, 2, 3)] == [0, 0, 3]
+    assert budget.cut(MODEL_SOURCE, 1) == 1  # a source with a decision keeps its own cuts

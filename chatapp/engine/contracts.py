@@ -54,13 +54,14 @@ class DraftBudget:
     would-be proposals for free (an n-gram lookup) and the policy learns from that. ``cuts``:
     per source, how many tokens of a proposal of m tokens to verify (``cuts[source][m]``, see
     ``cut``), so that a source that runs out before its budget ends on a batch size that is
-    cheap on this machine.
+    cheap on this machine; ``default_cuts``: the same for the sources that get ``default``.
     """
 
     by_source: Mapping[str, int] = field(default_factory=dict)
     default: int = 0
     consult: bool = False
     cuts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    default_cuts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_source", MappingProxyType(dict(self.by_source)))
@@ -88,12 +89,14 @@ class DraftBudget:
         """The same budget with no source above ``limit`` (the room left in the reply)."""
         limit = max(limit, 0)
         return DraftBudget({s: min(k, limit) for s, k in self.by_source.items()},
-                           min(self.default, limit), self.consult, self.cuts)
+                           min(self.default, limit), self.consult, self.cuts,
+                           self.default_cuts)
 
     def cut(self, source: str, m: int) -> int:
         """How many of the ``m`` tokens ``source`` proposed to verify: ``cuts[source][m]``
-        where the policy gave one, else all ``m``."""
-        table = self.cuts.get(source, ())
+        where the policy gave one (``default_cuts[m]`` for a source it has no decision for),
+        else all ``m``."""
+        table = self.cuts.get(source, () if source in self.by_source else self.default_cuts)
         return table[m] if m < len(table) else m
 
 

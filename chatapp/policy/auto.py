@@ -103,6 +103,7 @@ class AutoDraftLength:
         self._exploring_s = 0.0
         self._draft_token: float | None = None  # a draft-model token's calibrated cost
         self._new_ks = (tuning.first_k, tuning.first_k)  # model's and a free source's, unrecorded
+        self._new_free_cuts: tuple[int, ...] = ()  # and the cuts of the free source's proposals
         self._new_ks_known = False  # whether _new_ks were decided on calibrated costs
         self._turn_s = 0.0  # this reply's seconds, and what its drafting steps lost against
         self._turn_lost_s = 0.0  # plain decoding of the tokens they emitted (negative: gained)
@@ -143,9 +144,10 @@ class AutoDraftLength:
             model_k, free_k = self._new_ks
             if MODEL_SOURCE not in arms:
                 by_source[MODEL_SOURCE] = model_k
-            # a source never seen drafts what a free source with no record would: the costs
-            # decide (asking the drafter costs nothing, and it scores its proposals)
-            return DraftBudget(by_source, free_k, True, cuts)
+            # a source never seen drafts what a free source with no record would, cut as it
+            # would be: the costs decide (asking the drafter costs nothing, and it scores its
+            # proposals)
+            return DraftBudget(by_source, free_k, True, cuts, self._new_free_cuts)
 
     def observe(self, outcome: StepOutcome) -> None:
         with self._lock:
@@ -179,7 +181,9 @@ class AutoDraftLength:
             if everyone or kind in touched:
                 self._decide(arm)
         if everyone or not self._new_ks_known:
-            self._new_ks = self._new_arm_k(shadowed=False), self._new_arm_k(shadowed=True)
+            free = self._new_arm(shadowed=True)
+            self._new_ks = self._chosen_k(self._new_arm(shadowed=False)), self._chosen_k(free)
+            self._new_free_cuts = free.cuts
             self._new_ks_known = self._verify.calibrated
 
     def start_turn(self) -> None:
@@ -367,13 +371,13 @@ class AutoDraftLength:
             return None
         return self._draft_token * self._verify.load()
 
-    def _new_arm_k(self, shadowed: bool) -> int:
-        """The K of a source with no record yet: a draft model (``shadowed`` False) or a source
-        that scores itself for free."""
+    def _new_arm(self, shadowed: bool) -> SourceArm:
+        """A source with no record yet, decided on: a draft model (``shadowed`` False) or a
+        source that scores itself for free."""
         arm = SourceArm(self.tuning)
         arm.shadowed = shadowed
         self._decide(arm)
-        return self._chosen_k(arm)
+        return arm
 
     def _chosen_k(self, arm: SourceArm) -> int:
         return self.explore_k if self._exploring(arm) else arm.k

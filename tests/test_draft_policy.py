@@ -238,9 +238,10 @@ def test_shadowed_kind_learns_while_not_drafting_and_switches_back() -> None:
 
 
 def test_a_new_reply_keeps_what_was_learnt_of_predictions_only() -> None:
-    # Free sources relearn every reply (the next one may be prose); a predicted output is the
+    # Free sources relearn their runs every reply (the next one may be prose): only how often
+    # their first token was right is kept, as two observations; a predicted output is the
     # client's word on the reply, as it was on the last: at a new reply its kinds keep drafting
-    # long where the edits' start again from the prior.
+    # long where the edits' start again from near the prior.
     policy = AutoDraftLength(Tuning(explore_steps=0))
     report(policy, 0, 0, 0.0, 0.050)
     scores = tuple(ShadowScore(kind, 16, 16) for kind in ("edit-run", "prediction-run")
@@ -249,7 +250,10 @@ def test_a_new_reply_keeps_what_was_learnt_of_predictions_only() -> None:
     assert policy.current_k("edit-run") == policy.current_k("prediction-run") >= 8
     before = policy.acceptance("prediction-run")
     policy.start_turn()
-    assert policy.acceptance("edit-run")[0] == pytest.approx(Tuning().prior_acceptance)
+    tuning = Tuning()
+    kept, weight = tuning.free_turn_memory, tuning.prior_weight
+    first = (kept + weight * tuning.prior_acceptance) / (kept + weight)
+    assert policy.acceptance("edit-run") == pytest.approx([first] * 16)
     assert policy.acceptance("prediction-run")[0] > 0.85 * before[0]
     budget = policy.budget()
     assert budget.for_source("prediction-run") > budget.for_source("edit-run")
@@ -492,3 +496,21 @@ def test_a_source_never_seen_verifies_only_the_proposal_sizes_that_pay() -> None
     assert budget.for_source("edit-unseen") >= 3
     assert [budget.cut("edit-unseen", m) for m in (1, 2, 3)] == [0, 0, 3]
     assert budget.cut(MODEL_SOURCE, 1) == 1  # a source with a decision keeps its own cuts
+
+
+def test_a_free_kind_that_kept_failing_is_not_tried_on_the_prior_at_the_next_reply() -> None:
+    """On the Ice Lake Xeon of docs/benchmarks.md "edit-step" guesses drafted on the prior in
+    nearly every prose and Q&A reply, and none of 86 tokens was accepted. What a kind's first
+    token did in the replies before is kept (two observations): one that kept failing waits for
+    its proposals to match, where a kind never seen is still tried."""
+    ms = [55.5, 92.1, 123.2, 94.2, 130.3, 162.9, 197.3, 182.0, 210.9, 244.8, 285.7, 267.1,
+          314.5, 340.1, 398.9, 259.1, 293.4]
+    policy = AutoDraftLength()
+    policy.calibrate(Calibration({n: t / 1000 for n, t in enumerate(ms, 1)}, 0.0234))
+    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    failing = tuple(ShadowScore("edit-step", 3, 0) for _ in range(6))
+    report(policy, 0, 0, 0.0, ms[0] / 1000, scores=failing)
+    policy.start_turn()
+    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    assert asked(policy, "edit-step") == 0
+    assert asked(policy, "edit-unseen") >= 3

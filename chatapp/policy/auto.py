@@ -187,18 +187,21 @@ class AutoDraftLength:
             self._new_ks_known = self._verify.calibrated
 
     def start_turn(self) -> None:
-        """A new reply: the acceptance learnt before counts ``free_turn_forget`` as much for a
-        source that scores itself for free and ``turn_forget`` for the draft model and for a
-        reply's predicted output (another prompt may be another kind of text: estimates learnt on
-        code must give way at once on prose; a prediction is the client's word on the reply, as
-        it was on the last one; the costs, the machine's, are kept)."""
+        """A new reply: the acceptance learnt before counts ``turn_forget`` as much for the
+        draft model and for a reply's predicted output, and of a source that scores itself for
+        free only the first position's is kept, as at most ``free_turn_memory`` observations
+        (another prompt may be another kind of text: runs learnt on code must give way at once
+        on prose, but a kind that kept failing need not fail again first; a prediction is the
+        client's word on the reply, as it was on the last one; the costs, the machine's, are
+        kept)."""
         with self._lock:
             self._turn_s = self._turn_lost_s = 0.0
             for kind, arm in self._arms.items():
-                kept = not arm.shadowed or source_family(kind) == PREDICTION_SOURCE
-                weight = self.tuning.turn_forget if kept else self.tuning.free_turn_forget
-                arm.verified = [weight * v for v in arm.verified]
-                arm.accepted = [weight * a for a in arm.accepted]
+                if not arm.shadowed or source_family(kind) == PREDICTION_SOURCE:
+                    arm.verified = [self.tuning.turn_forget * v for v in arm.verified]
+                    arm.accepted = [self.tuning.turn_forget * a for a in arm.accepted]
+                else:
+                    arm.keep_first_position(self.tuning.free_turn_memory)
             self._redecide(set(self._arms))
 
     def calibrate(self, calibration: Calibration) -> None:

@@ -100,6 +100,16 @@ class SourceArm:
             self.verified[i] = age * self.verified[i] + verified
             self.accepted[i] = age * self.accepted[i] + (i < accepted)
 
+    def keep_first_position(self, most: float) -> None:
+        """Forget the counts of every position but the first, and those down to at most
+        ``most`` observations."""
+        if not self.verified:
+            return
+        seen = self.verified[0]
+        scale = min(1.0, most / seen) if seen > 0.0 else 0.0
+        self.verified = [seen * scale]
+        self.accepted = [self.accepted[0] * scale]
+
     def acceptance(self, max_k: int, prior: float) -> list[float]:
         """The acceptance at positions 1..``max_k``, each given the positions before it were
         accepted: its counts shrunk towards the position before (position 1 towards ``prior``)

@@ -40,8 +40,10 @@ class Tuning:
     # source whose deep positions were learnt on code kept drafting 15 tokens on prose, 0.85x)
     turn_forget: float = 0.5  # at a new reply, the weight of the acceptance learnt before it: the
     # draft model's, and a predicted output's (the family PREDICTION_SOURCE)
-    free_turn_forget: float = 0.0  # and of a free source's: it relearns within a few steps at no
-    # cost (0.5 kept drafting 15 tokens learnt on code edits on the next prose reply: 0.88x)
+    free_turn_memory: float = 2.0  # and of a free source's, only its first position's, as at
+    # most this many observations: it relearns the rest within a few steps at no cost (keeping
+    # all at 0.5 drafted 15 tokens learnt on code edits on the next prose reply: 0.88x), and a
+    # kind that kept failing is not tried on the prior again in every reply
     verify_forget: float = 0.95  # per-observation forgetting of verification timings
     verify_slope_prior: float = 0.8  # n tokens ~ one token x (1 + 0.8 ln n) until measured
     draft_cost_prior: float = 0.6  # a draft token costs this x a one-token verification until

@@ -18,6 +18,7 @@ from chatapp.policy.fixed import FixedDraftLength
 from chatapp.policy.source_arm import SourceArm
 from chatapp.policy.tuning import Tuning
 from chatapp.settings.config import Config
+from tests.test_auto_simulation import XEON_ICELAKE, calibrated
 
 # verify(n) as measured on a 2-core CPU, in seconds: 46 ms for 1, 121 for 4, 144 for 6
 CPU_VERIFY = {1: .046, 2: .075, 3: .100, 4: .121, 5: .133, 6: .144, 7: .155, 8: .165, 9: .175}
@@ -487,11 +488,8 @@ def test_a_source_never_seen_verifies_only_the_proposal_sizes_that_pay() -> None
     and 4 tokens 1.70: a one-token proposal of a kind with no record (prior acceptance 0.55)
     expects 1.55 tokens for 1.66 steps, and every reply's first "edit-step" guesses lost so.
     Such a proposal is not verified; a three-token one, on the cheap batch of 4, is."""
-    ms = [55.5, 92.1, 123.2, 94.2, 130.3, 162.9, 197.3, 182.0, 210.9, 244.8, 285.7, 267.1,
-          314.5, 340.1, 398.9, 259.1, 293.4]
-    policy = AutoDraftLength()
-    policy.calibrate(Calibration({n: t / 1000 for n, t in enumerate(ms, 1)}, 0.0234))
-    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    policy = calibrated(XEON_ICELAKE)
+    report(policy, 0, 0, 0.0, XEON_ICELAKE.verify(1))
     budget = policy.budget()
     assert budget.for_source("edit-unseen") >= 3
     assert [budget.cut("edit-unseen", m) for m in (1, 2, 3)] == [0, 0, 3]
@@ -503,14 +501,11 @@ def test_a_free_kind_that_kept_failing_is_not_tried_on_the_prior_at_the_next_rep
     nearly every prose and Q&A reply, and none of 86 tokens was accepted. What a kind's first
     token did in the replies before is kept (two observations): one that kept failing waits for
     its proposals to match, where a kind never seen is still tried."""
-    ms = [55.5, 92.1, 123.2, 94.2, 130.3, 162.9, 197.3, 182.0, 210.9, 244.8, 285.7, 267.1,
-          314.5, 340.1, 398.9, 259.1, 293.4]
-    policy = AutoDraftLength()
-    policy.calibrate(Calibration({n: t / 1000 for n, t in enumerate(ms, 1)}, 0.0234))
-    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    policy = calibrated(XEON_ICELAKE)
+    report(policy, 0, 0, 0.0, XEON_ICELAKE.verify(1))
     failing = tuple(ShadowScore("edit-step", 3, 0) for _ in range(6))
-    report(policy, 0, 0, 0.0, ms[0] / 1000, scores=failing)
+    report(policy, 0, 0, 0.0, XEON_ICELAKE.verify(1), scores=failing)
     policy.start_turn()
-    report(policy, 0, 0, 0.0, ms[0] / 1000)
+    report(policy, 0, 0, 0.0, XEON_ICELAKE.verify(1))
     assert asked(policy, "edit-step") == 0
     assert asked(policy, "edit-unseen") >= 3
